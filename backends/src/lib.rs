@@ -1,0 +1,26 @@
+//! Backend choice at run time. The model is generic over burn's `Backend`; this crate
+//! turns a user's choice (`wgpu`, `cpu`, `cuda`) into a concrete backend and device,
+//! probing first so a missing driver is one clear sentence, not a panic.
+
+mod kind;
+mod probe;
+mod run;
+
+pub use kind::BackendKind;
+pub use probe::{probe_wgpu, AdapterSummary};
+pub use run::{run_on, BackendTask, CpuBackend, DeviceInfo, WgpuBackend};
+#[cfg(feature = "cuda")]
+pub use run::CudaBackend;
+
+/// Why a backend cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("no Vulkan adapter found: install a Vulkan driver (on Debian: apt-get install mesa-vulkan-drivers libvulkan1), or use --backend cpu")]
+    NoWgpuAdapter,
+    #[error("this build has no CUDA support: rebuild with `--features cuda`")]
+    CudaNotBuilt,
+    #[error("the CUDA driver library (libcuda) was not found on this machine; use --backend wgpu or cpu")]
+    NoCudaDriver,
+    #[error("unknown backend {0:?} (choose wgpu, cpu or cuda)")]
+    Unknown(String),
+}

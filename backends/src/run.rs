@@ -1,0 +1,74 @@
+//! Runs backend-generic work on the backend a user chose.
+
+use burn::backend::wgpu::{graphics::Vulkan, init_setup, RuntimeOptions, WgpuDevice};
+use burn::tensor::backend::Backend;
+
+use crate::{probe_wgpu, BackendError, BackendKind};
+
+/// The wgpu backend in f32.
+pub type WgpuBackend = burn::backend::Wgpu<f32, i32>;
+/// The CPU backend in f32.
+pub type CpuBackend = burn::backend::NdArray<f32>;
+/// The CUDA backend in f32.
+#[cfg(feature = "cuda")]
+pub type CudaBackend = burn::backend::Cuda<f32, i32>;
+
+/// What a task is told about the device it runs on.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    /// The backend in use.
+    pub kind: BackendKind,
+    /// Human-readable device or adapter name.
+    pub adapter: String,
+}
+
+/// Work that is generic over the backend; [`run_on`] picks the concrete one.
+pub trait BackendTask {
+    /// What the task returns.
+    type Output;
+    /// Runs the task on backend `B`.
+    fn run<B: Backend>(self, device: B::Device, info: DeviceInfo) -> Self::Output;
+}
+
+fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {
+    static DEVICE: std::sync::OnceLock<Result<(WgpuDevice, String), String>> = std::sync::OnceLock::new();
+    // A wgpu device can be initialised only once per process.
+    let init = DEVICE.get_or_init(|| {
+        let adapter = probe_wgpu().map_err(|e| e.to_string())?;
+        let device = match adapter.device_type {
+            wgpu::DeviceType::DiscreteGpu => WgpuDevice::DiscreteGpu(0),
+            wgpu::DeviceType::IntegratedGpu => WgpuDevice::IntegratedGpu(0),
+            wgpu::DeviceType::VirtualGpu => WgpuDevice::VirtualGpu(0),
+            _ => WgpuDevice::Cpu,
+        };
+        let setup = init_setup::<Vulkan>(&device, RuntimeOptions::default());
+        let name = format!("{} ({:?}, Vulkan)", setup.adapter.get_info().name, adapter.device_type);
+        Ok((device, name))
+    });
+    init.clone().map_err(|_| BackendError::NoWgpuAdapter)
+}
+
+/// Runs `task` on the chosen backend, or says why that backend cannot be used.
+pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, BackendError> {
+    match kind {
+        BackendKind::Wgpu => {
+            let (device, adapter) = wgpu_device()?;
+            Ok(task.run::<WgpuBackend>(device, DeviceInfo { kind, adapter }))
+        }
+        BackendKind::Cpu => {
+            let adapter = format!("host CPU (ndarray, {} threads)", std::thread::available_parallelism().map_or(1, |n| n.get()));
+            Ok(task.run::<CpuBackend>(Default::default(), DeviceInfo { kind, adapter }))
+        }
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => {
+            if !crate::probe::cuda_driver_present() {
+                return Err(BackendError::NoCudaDriver);
+            }
+            let device = burn::backend::cuda::CudaDevice::new(0);
+            let adapter = "CUDA device 0".to_string();
+            Ok(task.run::<CudaBackend>(device, DeviceInfo { kind, adapter }))
+        }
+        #[cfg(not(feature = "cuda"))]
+        BackendKind::Cuda => Err(BackendError::CudaNotBuilt),
+    }
+}

@@ -1,0 +1,135 @@
+//! `fornax generate`: stream a completion (or a chat reply) to stdout.
+
+use std::io::Write;
+
+use anyhow::Result;
+use burn::tensor::backend::Backend;
+use clap::Args;
+use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::sampling::SamplingParams;
+use fornax_engine::tokenizer::{ChatMessage, TextStream, Tokenizer};
+use fornax_engine::{generate, GenerateParams};
+
+use super::{load_model, parse, tokenizer, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    /// The prompt (a user message with --chat).
+    pub prompt: String,
+    /// Maximum tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Sample among the k most likely tokens (0 = no limit).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Random seed: the same seed gives the same tokens.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Apply the model's chat template to the prompt.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat (default: the template's own).
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Prepend the BOS token (raw completions are scored without it by default).
+    #[arg(long)]
+    pub bos: bool,
+    /// Keep generating after an end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print only one JSON object at the end: prompt ids, generated ids and text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+struct Generate<'a> {
+    args: &'a GenerateArgs,
+    gguf: &'a GgufFile<'a>,
+    tok: &'a Tokenizer,
+}
+
+impl GenerateArgs {
+    fn prompt_ids(&self, tok: &Tokenizer) -> Result<Vec<u32>> {
+        let mut ids = if self.chat {
+            let mut messages = Vec::new();
+            if let Some(system) = &self.system {
+                messages.push(ChatMessage::new("system", system));
+            }
+            messages.push(ChatMessage::new("user", &self.prompt));
+            tok.encode_chat(&messages)?
+        } else {
+            tok.encode(&self.prompt, false)?
+        };
+        if self.bos {
+            if let Some(bos) = tok.bos_id {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    fn params(&self, tok: &Tokenizer) -> GenerateParams {
+        let mut stop_ids = Vec::new();
+        if !self.ignore_eos {
+            stop_ids.extend(tok.eos_id);
+            stop_ids.extend(tok.token_id("<|im_end|>"));
+            stop_ids.extend(tok.token_id("<|endoftext|>"));
+        }
+        GenerateParams {
+            max_tokens: self.max_tokens,
+            sampling: SamplingParams {
+                temperature: self.temperature,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                seed: self.seed,
+            },
+            stop_ids,
+            ..GenerateParams::default()
+        }
+    }
+}
+
+impl BackendTask for Generate<'_> {
+    type Output = Result<()>;
+
+    fn run<B: Backend>(self, device: B::Device, _info: DeviceInfo) -> Result<()> {
+        let model = load_model::<B>(self.gguf, &device)?;
+        let prompt = self.args.prompt_ids(self.tok)?;
+        let params = self.args.params(self.tok);
+        let mut stream = TextStream::default();
+        let mut stdout = std::io::stdout().lock();
+        let json = self.args.json;
+        let ids = generate(&model, &prompt, &params, |id| {
+            if !json && !params.stop_ids.contains(&id) {
+                let text = stream.push(self.tok.token_bytes(id).unwrap_or_default());
+                // A closed stdout (e.g. `| head`) stops generation.
+                return write!(stdout, "{text}").and_then(|_| stdout.flush()).is_ok();
+            }
+            true
+        })?;
+        if json {
+            let text = self.tok.decode(&ids)?;
+            let out = serde_json::json!({ "prompt_ids": prompt, "generated_ids": ids, "text": text });
+            writeln!(stdout, "{out}")?;
+        } else {
+            writeln!(stdout, "{}", stream.finish())?;
+        }
+        Ok(())
+    }
+}
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let file = args.model.open()?;
+    let gguf = parse(&file)?;
+    let tok = tokenizer(&gguf)?;
+    run_on(args.model.backend, Generate { args: &args, gguf: &gguf, tok: &tok })?
+}

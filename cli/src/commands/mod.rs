@@ -1,0 +1,75 @@
+//! Sub-commands and what they share: model and backend selection, loading with progress.
+
+pub mod bench;
+pub mod generate;
+pub mod info;
+pub mod tokenize;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use burn::tensor::backend::Backend;
+use clap::Args;
+use fornax::model_file::ModelFile;
+use fornax::model_store;
+use fornax_backends::BackendKind;
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::model::LlamaModel;
+use fornax_engine::tokenizer::Tokenizer;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Which model and backend to use.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched into the cache).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Compute backend: wgpu, cpu or cuda.
+    #[arg(long, default_value = "wgpu")]
+    pub backend: BackendKind,
+}
+
+impl ModelArgs {
+    /// The model path, fetching the default model when none is given.
+    pub fn path(&self) -> Result<PathBuf> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => model_store::ensure_default_model(&mut |s| eprintln!("fornax: {s}")),
+        }
+    }
+
+    /// Maps the model file.
+    pub fn open(&self) -> Result<ModelFile> {
+        ModelFile::open(&self.path()?)
+    }
+}
+
+/// Parses a mapped file, naming the file in errors.
+pub fn parse(file: &ModelFile) -> Result<GgufFile<'_>> {
+    GgufFile::parse(file.bytes()).context("invalid GGUF model file")
+}
+
+/// Builds the tokenizer from the file.
+pub fn tokenizer(gguf: &GgufFile<'_>) -> Result<Tokenizer> {
+    Tokenizer::from_gguf(gguf).context("cannot build the tokenizer from the model file")
+}
+
+/// Loads the model onto `device` with a progress bar on stderr.
+pub fn load_model<B: Backend>(gguf: &GgufFile<'_>, device: &B::Device) -> Result<LlamaModel<B>> {
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("loading {bar:30} {pos}/{len} tensors {elapsed}").expect("valid template"),
+    );
+    let model = LlamaModel::from_gguf(gguf, device, &mut |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    });
+    bar.finish_and_clear();
+    model.context("cannot load the model")
+}
+
+/// `fornax fetch`.
+pub fn fetch() -> Result<()> {
+    let path = model_store::ensure_default_model(&mut |s| eprintln!("fornax: {s}"))?;
+    println!("{}", path.display());
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! `fornax`: run Llama-family GGUF models on wgpu, CPU or CUDA.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "fornax", version, about = "Fornax: LLM inference on burn (wgpu, CPU, CUDA)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streaming tokens to stdout.
+    Generate(commands::generate::GenerateArgs),
+    /// Print token ids of TEXT as a JSON array (or decode ids with --decode).
+    Tokenize(commands::tokenize::TokenizeArgs),
+    /// Print the model, the backend and the adapter.
+    Info(commands::ModelArgs),
+    /// Fetch the default model into the cache (if missing) and print its path.
+    Fetch,
+    /// Benchmarks (not tests): print measured figures.
+    #[command(subcommand)]
+    Bench(commands::bench::BenchCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::Info(a) => commands::info::run(a),
+        Command::Fetch => commands::fetch(),
+        Command::Bench(b) => commands::bench::run(b),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

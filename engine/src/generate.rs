@@ -1,0 +1,88 @@
+//! The generation loop for one sequence: chunked prefill, then one token per step.
+
+use burn::tensor::{backend::Backend, Tensor};
+
+use crate::model::{KvCache, LlamaModel, Logits, ModelError};
+use crate::sampling::{Sampler, SamplingParams};
+
+/// Settings of one generation.
+#[derive(Debug, Clone)]
+pub struct GenerateParams {
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation stops after emitting any of these.
+    pub stop_ids: Vec<u32>,
+    /// Prompt tokens per forward pass during prefill.
+    pub prefill_chunk: usize,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 32,
+            sampling: SamplingParams::greedy(),
+            stop_ids: Vec::new(),
+            prefill_chunk: 256,
+        }
+    }
+}
+
+/// Reads a `[1, vocab]` or `[rows, vocab]` logits tensor back to the host.
+pub fn logits_to_vec<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
+    logits
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 logits")
+}
+
+/// Runs the prompt through the model in chunks and returns the last position's logits.
+pub fn prefill<B: Backend>(
+    model: &LlamaModel<B>,
+    prompt: &[u32],
+    cache: &mut KvCache<B>,
+    chunk: usize,
+) -> Result<Vec<f32>, ModelError> {
+    if prompt.is_empty() {
+        return Err(ModelError::EmptyInput);
+    }
+    let limit = model.config.max_seq_len;
+    if cache.len() + prompt.len() >= limit {
+        return Err(ModelError::ContextOverflow {
+            needed: cache.len() + prompt.len() + 1,
+            limit,
+        });
+    }
+    let mut last = None;
+    for part in prompt.chunks(chunk.max(1)) {
+        last = Some(model.forward(part, cache, Logits::Last)?);
+    }
+    Ok(logits_to_vec(last.expect("non-empty prompt")))
+}
+
+/// Generates up to `params.max_tokens` tokens after `prompt`, calling `on_token` with each
+/// one as it is sampled; `on_token` returns `false` to stop early. Returns the new tokens.
+pub fn generate<B: Backend>(
+    model: &LlamaModel<B>,
+    prompt: &[u32],
+    params: &GenerateParams,
+    mut on_token: impl FnMut(u32) -> bool,
+) -> Result<Vec<u32>, ModelError> {
+    let mut cache = model.new_cache();
+    let mut sampler = Sampler::new(params.sampling.clone());
+    let mut logits = prefill(model, prompt, &mut cache, params.prefill_chunk)?;
+    let mut out = Vec::with_capacity(params.max_tokens);
+    while out.len() < params.max_tokens {
+        let token = sampler.sample(&logits);
+        out.push(token);
+        if !on_token(token) || params.stop_ids.contains(&token) || out.len() == params.max_tokens {
+            break;
+        }
+        if cache.len() + 1 > model.config.max_seq_len {
+            break;
+        }
+        logits = logits_to_vec(model.forward(&[token], &mut cache, Logits::Last)?);
+    }
+    Ok(out)
+}

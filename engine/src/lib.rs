@@ -1,0 +1,11 @@
+//! Fornax engine core: GGUF weights, tokenizer, the Llama model on burn, sampling and
+//! generation. Free of threads and file-system calls so it also builds for wasm32.
+
+pub mod gguf;
+pub mod tokenizer;
+pub mod model;
+pub mod sampling;
+
+mod generate;
+pub use generate::{generate, logits_to_vec, prefill, GenerateParams};
+pub mod score;

@@ -1,0 +1,23 @@
+//! One pre-norm transformer block: attention and SwiGLU, each with a residual.
+
+use burn::module::Module;
+use burn::tensor::{backend::Backend, Tensor};
+
+use super::{Attention, KvCache, Mlp, RmsNorm, Rope};
+
+/// A Llama decoder block.
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    pub attn_norm: RmsNorm<B>,
+    pub attn: Attention<B>,
+    pub ffn_norm: RmsNorm<B>,
+    pub mlp: Mlp<B>,
+}
+
+impl<B: Backend> Block<B> {
+    /// Runs the block on `[tokens, d_model]` starting at position `start`.
+    pub fn forward(&self, x: Tensor<B, 2>, rope: &Rope<B>, cache: &mut KvCache<B>, layer: usize, start: usize) -> Tensor<B, 2> {
+        let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, cache, layer, start);
+        h.clone() + self.mlp.forward(self.ffn_norm.forward(h))
+    }
+}

@@ -1,0 +1,98 @@
+//! Llama hyper-parameters, read from GGUF metadata.
+
+use burn::config::Config;
+
+use super::ModelError;
+use crate::gguf::GgufFile;
+
+/// Hyper-parameters of a Llama-family transformer.
+#[derive(Config, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden size.
+    pub d_model: usize,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `n_heads`).
+    pub n_kv_heads: usize,
+    /// Inner size of the SwiGLU feed-forward layer.
+    pub d_ff: usize,
+    /// Maximum context length in tokens.
+    pub max_seq_len: usize,
+    /// RoPE frequency base.
+    #[config(default = 10000.0)]
+    pub rope_theta: f64,
+    /// Epsilon of the RMS norms.
+    #[config(default = 1e-5)]
+    pub rms_eps: f64,
+    /// Whether the output layer reuses the token embedding.
+    #[config(default = true)]
+    pub tied_embeddings: bool,
+}
+
+impl LlamaConfig {
+    /// Size of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads
+    }
+
+    /// Reads the hyper-parameters of a `llama` GGUF file.
+    pub fn from_gguf(file: &GgufFile<'_>) -> Result<Self, ModelError> {
+        let arch = file.str("general.architecture")?;
+        if arch != "llama" {
+            return Err(ModelError::UnsupportedArchitecture(arch.to_string()));
+        }
+        let key = |k: &str| format!("{arch}.{k}");
+        let usize_key = |k: &str| file.u64(&key(k)).map(|v| v as usize);
+        let n_heads = usize_key("attention.head_count")?;
+        let vocab_size = match file.get(&key("vocab_size")).and_then(|v| v.as_u64()) {
+            Some(v) => v as usize,
+            None => file.array("tokenizer.ggml.tokens")?.len(),
+        };
+        let config = Self {
+            vocab_size,
+            d_model: usize_key("embedding_length")?,
+            n_layers: usize_key("block_count")?,
+            n_heads,
+            n_kv_heads: file
+                .get(&key("attention.head_count_kv"))
+                .and_then(|v| v.as_u64())
+                .map_or(n_heads, |v| v as usize),
+            d_ff: usize_key("feed_forward_length")?,
+            max_seq_len: usize_key("context_length")?,
+            rope_theta: file.get(&key("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0),
+            rms_eps: file.f64(&key("attention.layer_norm_rms_epsilon"))?,
+            tied_embeddings: file.tensor("output.weight").is_err(),
+        };
+        config.validate()?;
+        if let Some(rope_dims) = file.get(&key("rope.dimension_count")).and_then(|v| v.as_u64()) {
+            if rope_dims as usize != config.head_dim() {
+                return Err(ModelError::BadConfig(format!(
+                    "partial RoPE ({rope_dims} of {} dims) is not supported",
+                    config.head_dim()
+                )));
+            }
+        }
+        Ok(config)
+    }
+
+    /// Checks the sizes are consistent.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let bad = |m: String| Err(ModelError::BadConfig(m));
+        if [self.vocab_size, self.d_model, self.n_layers, self.n_heads, self.n_kv_heads, self.d_ff, self.max_seq_len]
+            .contains(&0)
+        {
+            return bad("a size is zero".into());
+        }
+        if self.d_model % self.n_heads != 0 || self.head_dim() % 2 != 0 {
+            return bad(format!("d_model {} does not split into {} even heads", self.d_model, self.n_heads));
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return bad(format!("{} heads do not group over {} kv heads", self.n_heads, self.n_kv_heads));
+        }
+        Ok(())
+    }
+}

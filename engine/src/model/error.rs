@@ -1,0 +1,22 @@
+//! Errors raised while loading or running the model.
+
+use thiserror::Error;
+
+use crate::gguf::GgufError;
+
+/// What can go wrong building or running a model.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported architecture {0:?}: Fornax runs llama-family models")]
+    UnsupportedArchitecture(String),
+    #[error("invalid model configuration: {0}")]
+    BadConfig(String),
+    #[error("context overflow: {needed} tokens needed, the model's context is {limit}")]
+    ContextOverflow { needed: usize, limit: usize },
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("empty input: at least one token is needed")]
+    EmptyInput,
+}

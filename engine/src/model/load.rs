@@ -1,0 +1,111 @@
+//! Builds a [`LlamaModel`] from GGUF tensors (dequantized to f32 on the host).
+
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+
+use super::{Attention, Block, Linear, Llama, LlamaConfig, LlamaModel, Mlp, ModelError, RmsNorm, Rope};
+use crate::gguf::{GgufError, GgufFile};
+
+struct Loader<'f, 'a, B: Backend> {
+    file: &'f GgufFile<'a>,
+    device: &'f B::Device,
+    done: usize,
+    total: usize,
+    progress: &'f mut dyn FnMut(usize, usize),
+}
+
+impl<B: Backend> Loader<'_, '_, B> {
+    /// Dequantizes `name` and checks its row-major shape.
+    fn values(&mut self, name: &str, dims: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let (values, found) = self.file.dequantize(name)?;
+        if found != dims {
+            return Err(GgufError::ShapeMismatch {
+                name: name.to_string(),
+                expected: dims.iter().map(|&d| d as u64).collect(),
+                found: found.iter().map(|&d| d as u64).collect(),
+            }
+            .into());
+        }
+        self.done += 1;
+        (self.progress)(self.done, self.total);
+        Ok(values)
+    }
+
+    fn vector(&mut self, name: &str, len: usize) -> Result<Tensor<B, 1>, ModelError> {
+        let v = self.values(name, &[len])?;
+        Ok(Tensor::from_data(TensorData::new(v, [len]), self.device))
+    }
+
+    /// A GGUF matrix stored `[out, in]`, uploaded transposed as `[in, out]`.
+    fn transposed(&mut self, name: &str, out: usize, inp: usize) -> Result<Tensor<B, 2>, ModelError> {
+        let v = self.values(name, &[out, inp])?;
+        let mut t = vec![0.0f32; v.len()];
+        for (r, row) in v.chunks_exact(inp).enumerate() {
+            for (c, &x) in row.iter().enumerate() {
+                t[c * out + r] = x;
+            }
+        }
+        Ok(Tensor::from_data(TensorData::new(t, [inp, out]), self.device))
+    }
+
+    fn linear(&mut self, name: &str, inp: usize, out: usize) -> Result<Linear<B>, ModelError> {
+        Ok(Linear::new(self.transposed(name, out, inp)?))
+    }
+}
+
+impl<B: Backend> LlamaModel<B> {
+    /// Loads a llama-architecture GGUF onto `device`; `progress(done, total)` is called
+    /// after each tensor.
+    pub fn from_gguf(
+        file: &GgufFile<'_>,
+        device: &B::Device,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self, ModelError> {
+        let c = LlamaConfig::from_gguf(file)?;
+        let (d, hd) = (c.d_model, c.head_dim());
+        let total = 2 + 9 * c.n_layers + usize::from(!c.tied_embeddings);
+        let mut l = Loader::<B> {
+            file,
+            device,
+            done: 0,
+            total,
+            progress,
+        };
+        let embedding = l.transposed("token_embd.weight", c.vocab_size, d)?;
+        let output = match c.tied_embeddings {
+            true => None,
+            false => Some(l.linear("output.weight", d, c.vocab_size)?),
+        };
+        let mut blocks = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            blocks.push(Block {
+                attn_norm: RmsNorm::new(l.vector(&n("attn_norm"), d)?, c.rms_eps),
+                attn: Attention {
+                    q: l.linear(&n("attn_q"), d, c.n_heads * hd)?,
+                    k: l.linear(&n("attn_k"), d, c.n_kv_heads * hd)?,
+                    v: l.linear(&n("attn_v"), d, c.n_kv_heads * hd)?,
+                    o: l.linear(&n("attn_output"), c.n_heads * hd, d)?,
+                    n_heads: c.n_heads,
+                    n_kv_heads: c.n_kv_heads,
+                },
+                ffn_norm: RmsNorm::new(l.vector(&n("ffn_norm"), d)?, c.rms_eps),
+                mlp: Mlp {
+                    gate: l.linear(&n("ffn_gate"), d, c.d_ff)?,
+                    up: l.linear(&n("ffn_up"), d, c.d_ff)?,
+                    down: l.linear(&n("ffn_down"), c.d_ff, d)?,
+                },
+            });
+        }
+        let norm = RmsNorm::new(l.vector("output_norm.weight", d)?, c.rms_eps);
+        Ok(Self {
+            net: Llama {
+                embedding: burn::module::Param::from_tensor(embedding),
+                output,
+                blocks,
+                norm,
+            },
+            rope: Rope::new(hd, c.max_seq_len, c.rope_theta, device),
+            config: c,
+        })
+    }
+}

@@ -1,0 +1,27 @@
+//! The Llama-family transformer on burn, generic over the backend.
+
+mod attention;
+mod block;
+mod config;
+mod error;
+mod kv_cache;
+mod linear;
+mod llama;
+mod load;
+mod mlp;
+mod random;
+mod rms_norm;
+mod rope;
+#[cfg(test)]
+mod tests;
+
+pub use attention::Attention;
+pub use block::Block;
+pub use config::LlamaConfig;
+pub use error::ModelError;
+pub use kv_cache::KvCache;
+pub use linear::Linear;
+pub use llama::{Llama, LlamaModel, Logits};
+pub use mlp::Mlp;
+pub use rms_norm::RmsNorm;
+pub use rope::Rope;

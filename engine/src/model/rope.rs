@@ -1,0 +1,47 @@
+//! Rotary position embedding in GGUF's layout: rotated pairs are adjacent dimensions
+//! (2i, 2i+1), because llama.cpp's converter permutes the Q and K weights for it.
+
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+
+/// Precomputed cos/sin tables for every position of the context.
+#[derive(Debug, Clone)]
+pub struct Rope<B: Backend> {
+    cos: Tensor<B, 2>,
+    sin: Tensor<B, 2>,
+}
+
+impl<B: Backend> Rope<B> {
+    /// Tables for `max_len` positions of heads of size `head_dim` with frequency base `theta`.
+    pub fn new(head_dim: usize, max_len: usize, theta: f64, device: &B::Device) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(max_len * half);
+        let mut sin = Vec::with_capacity(max_len * half);
+        for pos in 0..max_len {
+            for i in 0..half {
+                let freq = theta.powf(-2.0 * i as f64 / head_dim as f64);
+                let angle = pos as f64 * freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        let table = |v| Tensor::from_data(TensorData::new(v, [max_len, half]), device);
+        Self {
+            cos: table(cos),
+            sin: table(sin),
+        }
+    }
+
+    /// Rotates `x` of shape `[heads, tokens, head_dim]` whose first token is at `start`.
+    pub fn apply(&self, x: Tensor<B, 3>, start: usize) -> Tensor<B, 3> {
+        let [heads, tokens, head_dim] = x.dims();
+        let half = head_dim / 2;
+        let cos = self.cos.clone().narrow(0, start, tokens).reshape([1, tokens, half, 1]);
+        let sin = self.sin.clone().narrow(0, start, tokens).reshape([1, tokens, half, 1]);
+        let pairs = x.reshape([heads, tokens, half, 2]);
+        let a = pairs.clone().narrow(3, 0, 1);
+        let b = pairs.narrow(3, 1, 1);
+        let ra = a.clone().mul(cos.clone()).sub(b.clone().mul(sin.clone()));
+        let rb = a.mul(sin).add(b.mul(cos));
+        Tensor::cat(vec![ra, rb], 3).reshape([heads, tokens, head_dim])
+    }
+}

@@ -1,0 +1,116 @@
+//! Layer tests on a small random model (CPU backend).
+
+use burn::backend::NdArray;
+use burn::tensor::{backend::Backend, Tensor, TensorData};
+
+use super::*;
+use crate::gguf::{GgufFile, GgufWriter, Value};
+use crate::logits_to_vec;
+
+type B = NdArray<f32>;
+
+fn tiny() -> LlamaModel<B> {
+    B::seed(&Default::default(), 7);
+    let config = LlamaConfig::new(64, 48, 2, 6, 2, 96, 64);
+    LlamaModel::random(config, &Default::default())
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn cached_decoding_matches_full_forward() {
+    let model = tiny();
+    let ids = [3u32, 17, 42, 5, 9, 60, 1, 33, 12, 8];
+    let full = logits_to_vec(model.forward(&ids, &mut model.new_cache(), Logits::All).unwrap());
+    // Prefill 4 tokens, then 2, then one at a time.
+    let mut cache = model.new_cache();
+    let mut stepped = logits_to_vec(model.forward(&ids[..4], &mut cache, Logits::All).unwrap());
+    stepped.extend(logits_to_vec(model.forward(&ids[4..6], &mut cache, Logits::All).unwrap()));
+    for &t in &ids[6..] {
+        stepped.extend(logits_to_vec(model.forward(&[t], &mut cache, Logits::Last).unwrap()));
+    }
+    assert_eq!(cache.len(), ids.len());
+    assert!(max_diff(&full, &stepped) < 1e-4, "diff {}", max_diff(&full, &stepped));
+}
+
+#[test]
+fn future_tokens_do_not_change_past_logits() {
+    let model = tiny();
+    let a = logits_to_vec(model.forward(&[1, 2, 3, 4], &mut model.new_cache(), Logits::All).unwrap());
+    let b = logits_to_vec(model.forward(&[1, 2, 3, 9], &mut model.new_cache(), Logits::All).unwrap());
+    let vocab = 64;
+    assert!(max_diff(&a[..3 * vocab], &b[..3 * vocab]) < 1e-5);
+    assert!(max_diff(&a[3 * vocab..], &b[3 * vocab..]) > 1e-3);
+}
+
+#[test]
+fn rms_norm_matches_formula() {
+    let device = Default::default();
+    let x = [1.0f32, -2.0, 3.0, 0.5];
+    let norm = RmsNorm::<B>::new(Tensor::from_data(TensorData::new(vec![1.0f32, 2.0, 1.0, 1.0], [4]), &device), 1e-5);
+    let y = logits_to_vec(norm.forward(Tensor::from_data(TensorData::new(x.to_vec(), [1, 4]), &device)));
+    let rms = (x.iter().map(|v| v * v).sum::<f32>() / 4.0 + 1e-5).sqrt();
+    let want = [1.0 / rms, -4.0 / rms, 3.0 / rms, 0.5 / rms];
+    assert!(max_diff(&y, &want) < 1e-6);
+}
+
+#[test]
+fn rope_rotates_adjacent_pairs() {
+    let device = Default::default();
+    let rope = Rope::<B>::new(4, 8, 100.0, &device);
+    let x = Tensor::<B, 3>::from_data(TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [1, 1, 4]), &device);
+    let y = logits_to_vec(rope.apply(x, 3).reshape([1, 4]));
+    // Pair 0 turns by 3 rad, pair 1 by 3 * 100^(-1/2) rad.
+    let a1 = 3.0f32 * 0.1;
+    let want = [3.0f32.cos(), 3.0f32.sin(), a1.cos(), a1.sin()];
+    assert!(max_diff(&y, &want) < 1e-5, "{y:?}");
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let model = tiny();
+    assert!(matches!(model.forward(&[], &mut model.new_cache(), Logits::Last), Err(ModelError::EmptyInput)));
+    assert!(matches!(
+        model.forward(&[64], &mut model.new_cache(), Logits::Last),
+        Err(ModelError::TokenOutOfRange { id: 64, .. })
+    ));
+    let long = vec![1u32; 65];
+    assert!(matches!(
+        model.forward(&long, &mut model.new_cache(), Logits::Last),
+        Err(ModelError::ContextOverflow { needed: 65, limit: 64 })
+    ));
+}
+
+#[test]
+fn other_architectures_are_refused_by_name() {
+    let bytes = GgufWriter::new(3)
+        .meta("general.architecture", Value::String("gpt2".into()))
+        .build();
+    let file = GgufFile::parse(&bytes).unwrap();
+    let err = LlamaConfig::from_gguf(&file).unwrap_err();
+    assert!(matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "gpt2"));
+    assert!(err.to_string().contains("gpt2"));
+}
+
+#[test]
+fn config_comes_from_metadata() {
+    let u = |v: u32| Value::U32(v);
+    let bytes = GgufWriter::new(3)
+        .meta("general.architecture", Value::String("llama".into()))
+        .meta("llama.vocab_size", u(100))
+        .meta("llama.embedding_length", u(64))
+        .meta("llama.block_count", u(3))
+        .meta("llama.attention.head_count", u(8))
+        .meta("llama.attention.head_count_kv", u(2))
+        .meta("llama.feed_forward_length", u(128))
+        .meta("llama.context_length", u(256))
+        .meta("llama.rope.freq_base", Value::F32(5e5))
+        .meta("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-6))
+        .build();
+    let c = LlamaConfig::from_gguf(&GgufFile::parse(&bytes).unwrap()).unwrap();
+    assert_eq!((c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads), (100, 64, 3, 8, 2));
+    assert_eq!((c.d_ff, c.max_seq_len, c.rope_theta), (128, 256, 5e5));
+    assert!(c.tied_embeddings);
+}

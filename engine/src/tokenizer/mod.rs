@@ -1,0 +1,229 @@
+//! Tokenizer built from GGUF metadata (`tokenizer.ggml.*`): byte-level BPE with the
+//! model's pre-tokenizer, special tokens, streaming-safe decoding and the chat template.
+
+mod byte_level;
+mod chat;
+mod stream;
+
+use thiserror::Error;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::{
+    byte_level::ByteLevel, digits::Digits, sequence::Sequence, PreTokenizerWrapper,
+};
+use tokenizers::AddedToken;
+
+use crate::gguf::{GgufError, GgufFile};
+pub use byte_level::{byte_to_char, ByteDecoder};
+pub use chat::{ChatMessage, ChatTemplate};
+pub use stream::TextStream;
+
+/// GGUF token type of control tokens such as `<|im_start|>`.
+const TOKEN_TYPE_CONTROL: i64 = 3;
+/// GGUF token type of user-defined added tokens.
+const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// Errors building or using the tokenizer.
+#[derive(Debug, Error)]
+pub enum TokenizerError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported tokenizer model {0:?} (supported: gpt2 byte-level BPE)")]
+    UnsupportedModel(String),
+    #[error("unsupported pre-tokenizer {0:?}")]
+    UnsupportedPre(String),
+    #[error("malformed tokenizer metadata: {0}")]
+    Malformed(String),
+    #[error("tokenizer failed: {0}")]
+    Encode(String),
+    #[error("token id {0} is outside the vocabulary")]
+    UnknownId(u32),
+    #[error("the model has no chat template")]
+    NoChatTemplate,
+    #[error("chat template failed: {0}")]
+    Template(#[from] minijinja::Error),
+}
+
+/// The model's tokenizer.
+pub struct Tokenizer {
+    /// Treats special-token text as special tokens.
+    special: tokenizers::Tokenizer,
+    /// Encodes special-token text as ordinary text.
+    plain: tokenizers::Tokenizer,
+    token_bytes: Vec<Vec<u8>>,
+    token_is_control: Vec<bool>,
+    /// Beginning-of-sequence token id.
+    pub bos_id: Option<u32>,
+    /// End-of-sequence token id.
+    pub eos_id: Option<u32>,
+    /// Whether the file asks for a BOS token at the start of a prompt.
+    pub add_bos: bool,
+    chat_template: Option<ChatTemplate>,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab", &self.token_bytes.len())
+            .field("bos_id", &self.bos_id)
+            .field("eos_id", &self.eos_id)
+            .finish()
+    }
+}
+
+/// Pre-tokenizers known for `gpt2`-type vocabularies, as llama.cpp names them.
+fn pre_tokenizer(name: &str) -> Result<Vec<PreTokenizerWrapper>, TokenizerError> {
+    let byte_level = ByteLevel::new(false, false, true).into();
+    match name {
+        // Digits split one by one, then the GPT-2 regex.
+        "smollm" | "starcoder" | "refact" | "codeshell" => {
+            Ok(vec![Digits::new(true).into(), byte_level])
+        }
+        "gpt2" | "default" => Ok(vec![byte_level]),
+        other => Err(TokenizerError::UnsupportedPre(other.to_string())),
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer from the file's metadata.
+    pub fn from_gguf(file: &GgufFile<'_>) -> Result<Self, TokenizerError> {
+        let model = file.str("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(TokenizerError::UnsupportedModel(model.to_string()));
+        }
+        let pre = file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
+        let tokens: Vec<&str> = file
+            .array("tokenizer.ggml.tokens")?
+            .iter()
+            .map(|v| v.as_str().ok_or_else(|| TokenizerError::Malformed("token is not a string".into())))
+            .collect::<Result<_, _>>()?;
+        let types: Vec<i64> = match file.get("tokenizer.ggml.token_type") {
+            Some(v) => v
+                .as_array()
+                .ok_or_else(|| TokenizerError::Malformed("token_type is not an array".into()))?
+                .iter()
+                .map(|t| t.as_i64().unwrap_or(1))
+                .collect(),
+            None => vec![1; tokens.len()],
+        };
+        if types.len() != tokens.len() {
+            return Err(TokenizerError::Malformed(format!(
+                "{} tokens but {} token types",
+                tokens.len(),
+                types.len()
+            )));
+        }
+        let merges = file
+            .array("tokenizer.ggml.merges")?
+            .iter()
+            .map(|m| {
+                m.as_str()
+                    .and_then(|s| s.split_once(' '))
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| TokenizerError::Malformed(format!("bad merge {m:?}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+
+        let vocab: ahash::AHashMap<String, u32> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.to_string(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| TokenizerError::Malformed(e.to_string()))?;
+        let mut special = tokenizers::Tokenizer::new(bpe);
+        special.with_pre_tokenizer(Some(Sequence::new(pre_tokenizer(pre)?)));
+        let added: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
+            .map(|(tok, &t)| AddedToken::from(tok.to_string(), t == TOKEN_TYPE_CONTROL))
+            .collect();
+        special.add_special_tokens(&added);
+        let mut plain = special.clone();
+        plain.set_encode_special_tokens(true);
+
+        let bytes = ByteDecoder::new();
+        let token_is_control: Vec<bool> = types.iter().map(|&t| t == TOKEN_TYPE_CONTROL).collect();
+        let token_bytes = tokens
+            .iter()
+            .zip(&token_is_control)
+            .map(|(t, &control)| if control { t.as_bytes().to_vec() } else { bytes.token_bytes(t) })
+            .collect();
+
+        let id = |key: &str| file.get(key).and_then(|v| v.as_u64()).map(|v| v as u32);
+        let bos_id = id("tokenizer.ggml.bos_token_id");
+        let eos_id = id("tokenizer.ggml.eos_token_id");
+        let name = |id: Option<u32>| id.and_then(|i| tokens.get(i as usize)).map(|s| s.to_string()).unwrap_or_default();
+        let chat_template = file
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.as_str())
+            .map(|src| ChatTemplate::new(src.to_string(), name(bos_id), name(eos_id)));
+        Ok(Self {
+            special,
+            plain,
+            token_bytes,
+            token_is_control,
+            bos_id,
+            eos_id,
+            add_bos: file
+                .get("tokenizer.ggml.add_bos_token")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false),
+            chat_template,
+        })
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.token_bytes.len()
+    }
+
+    /// Encodes text; with `parse_special`, special-token text such as `<|im_start|>`
+    /// becomes its single token, otherwise it is encoded as ordinary text.
+    pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+        let tok = if parse_special { &self.special } else { &self.plain };
+        tok.encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
+    /// The raw bytes a token stands for (special tokens give their text).
+    pub fn token_bytes(&self, id: u32) -> Result<&[u8], TokenizerError> {
+        self.token_bytes
+            .get(id as usize)
+            .map(Vec::as_slice)
+            .ok_or(TokenizerError::UnknownId(id))
+    }
+
+    /// Whether `id` is a control token such as `<|im_end|>`.
+    pub fn is_control(&self, id: u32) -> bool {
+        self.token_is_control.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// The id of a token given its exact vocabulary text, if any.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.special.token_to_id(text)
+    }
+
+    /// Decodes ids to text (invalid UTF-8 becomes U+FFFD).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            bytes.extend_from_slice(self.token_bytes(id)?);
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The chat template, if the file has one.
+    pub fn chat_template(&self) -> Result<&ChatTemplate, TokenizerError> {
+        self.chat_template.as_ref().ok_or(TokenizerError::NoChatTemplate)
+    }
+
+    /// Renders a conversation with the chat template and encodes it (special tokens parsed).
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.chat_template()?.render(messages, true)?;
+        self.encode(&text, true)
+    }
+}

@@ -1,0 +1,1 @@
+//! Kernel sources for Fornax. The paged-attention and quantized-matmul kernels land here.
