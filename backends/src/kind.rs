@@ -8,6 +8,9 @@ use crate::BackendError;
 /// A compute backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
+    /// The fastest available: CUDA when built in and a driver is present, else wgpu on a
+    /// real GPU adapter, else the CPU backend (faster than a software Vulkan adapter).
+    Auto,
     /// burn-wgpu on Vulkan (a GPU, or Mesa lavapipe on machines without one).
     Wgpu,
     /// burn-ndarray on the host CPU.
@@ -18,14 +21,32 @@ pub enum BackendKind {
 
 impl BackendKind {
     /// Every backend, in the order they are listed to users.
-    pub const ALL: [BackendKind; 3] = [Self::Wgpu, Self::Cpu, Self::Cuda];
+    pub const ALL: [BackendKind; 4] = [Self::Auto, Self::Wgpu, Self::Cpu, Self::Cuda];
 
     /// The backend's name as typed on the command line.
     pub fn name(self) -> &'static str {
         match self {
+            Self::Auto => "auto",
             Self::Wgpu => "wgpu",
             Self::Cpu => "cpu",
             Self::Cuda => "cuda",
+        }
+    }
+}
+
+impl BackendKind {
+    /// Resolves `Auto` to a concrete backend by probing; other kinds are returned as is.
+    pub fn resolve(self) -> BackendKind {
+        if self != Self::Auto {
+            return self;
+        }
+        #[cfg(feature = "cuda")]
+        if crate::probe::cuda_driver_present() {
+            return Self::Cuda;
+        }
+        match crate::probe_wgpu() {
+            Ok(a) if a.device_type != wgpu::DeviceType::Cpu => Self::Wgpu,
+            _ => Self::Cpu,
         }
     }
 }

@@ -8,9 +8,9 @@ mod run;
 
 pub use kind::BackendKind;
 pub use probe::{probe_wgpu, AdapterSummary};
-pub use run::{run_on, BackendTask, CpuBackend, DeviceInfo, WgpuBackend};
 #[cfg(feature = "cuda")]
 pub use run::CudaBackend;
+pub use run::{run_on, BackendTask, CpuBackend, DeviceInfo, WgpuBackend};
 
 /// Why a backend cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +21,6 @@ pub enum BackendError {
     CudaNotBuilt,
     #[error("the CUDA driver library (libcuda) was not found on this machine; use --backend wgpu or cpu")]
     NoCudaDriver,
-    #[error("unknown backend {0:?} (choose wgpu, cpu or cuda)")]
+    #[error("unknown backend {0:?} (choose auto, wgpu, cpu or cuda)")]
     Unknown(String),
 }

@@ -36,7 +36,9 @@ pub fn probe_wgpu() -> Result<AdapterSummary, BackendError> {
         .map(|(info, limits)| AdapterSummary {
             name: info.name,
             device_type: info.device_type,
-            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
             max_storage_binding: limits.max_storage_buffer_binding_size.into(),
         })
         .ok_or(BackendError::NoWgpuAdapter)

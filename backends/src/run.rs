@@ -31,7 +31,8 @@ pub trait BackendTask {
 }
 
 fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {
-    static DEVICE: std::sync::OnceLock<Result<(WgpuDevice, String), String>> = std::sync::OnceLock::new();
+    static DEVICE: std::sync::OnceLock<Result<(WgpuDevice, String), String>> =
+        std::sync::OnceLock::new();
     // A wgpu device can be initialised only once per process.
     let init = DEVICE.get_or_init(|| {
         let adapter = probe_wgpu().map_err(|e| e.to_string())?;
@@ -42,7 +43,11 @@ fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {
             _ => WgpuDevice::Cpu,
         };
         let setup = init_setup::<Vulkan>(&device, RuntimeOptions::default());
-        let name = format!("{} ({:?}, Vulkan)", setup.adapter.get_info().name, adapter.device_type);
+        let name = format!(
+            "{} ({:?}, Vulkan)",
+            setup.adapter.get_info().name,
+            adapter.device_type
+        );
         Ok((device, name))
     });
     init.clone().map_err(|_| BackendError::NoWgpuAdapter)
@@ -50,13 +55,18 @@ fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {
 
 /// Runs `task` on the chosen backend, or says why that backend cannot be used.
 pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, BackendError> {
+    let kind = kind.resolve();
     match kind {
+        BackendKind::Auto => unreachable!("resolved above"),
         BackendKind::Wgpu => {
             let (device, adapter) = wgpu_device()?;
             Ok(task.run::<WgpuBackend>(device, DeviceInfo { kind, adapter }))
         }
         BackendKind::Cpu => {
-            let adapter = format!("host CPU (ndarray, {} threads)", std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let adapter = format!(
+                "host CPU (ndarray, {} threads)",
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            );
             Ok(task.run::<CpuBackend>(Default::default(), DeviceInfo { kind, adapter }))
         }
         #[cfg(feature = "cuda")]

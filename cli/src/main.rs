@@ -5,7 +5,11 @@ mod commands;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "fornax", version, about = "Fornax: LLM inference on burn (wgpu, CPU, CUDA)")]
+#[command(
+    name = "fornax",
+    version,
+    about = "Fornax: LLM inference on burn (wgpu, CPU, CUDA)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

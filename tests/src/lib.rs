@@ -34,7 +34,8 @@ pub fn read_reference<T: for<'de> Deserialize<'de>>(name: &str) -> T {
 pub fn model_file() -> &'static ModelFile {
     static FILE: OnceLock<ModelFile> = OnceLock::new();
     FILE.get_or_init(|| {
-        let path = fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}")).expect("default model");
+        let path = fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}"))
+            .expect("default model");
         ModelFile::open(&path).expect("open model")
     })
 }
@@ -84,7 +85,11 @@ pub struct Perplexity {
 /// Checks our greedy tokens against the reference: they must be equal, except that a
 /// divergence is allowed at a step where the reference's top-2 margin is below
 /// `min_margin` (tokens after it are then not compared). Returns how many matched.
-pub fn check_greedy(ours: &[u32], reference: &FloatReference, min_margin: f32) -> Result<usize, String> {
+pub fn check_greedy(
+    ours: &[u32],
+    reference: &FloatReference,
+    min_margin: f32,
+) -> Result<usize, String> {
     for (i, (&a, step)) in ours.iter().zip(&reference.steps).enumerate() {
         assert_eq!(step.token, reference.greedy_ids[i]);
         if a != step.token {
@@ -127,14 +132,16 @@ impl BackendTask for Check {
 
     fn run<B: Backend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
         let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).map_err(|e| e.to_string())?;
+        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {})
+            .map_err(|e| e.to_string())?;
         let prompts: Prompts = read_reference("prompts.json");
         let mut report = format!("[{} on {}]\n", info.kind, info.adapter);
         let mut failures = Vec::new();
         match self {
             Check::Logits => {
                 for case in &prompts.prompts {
-                    let logits = prefill(&model, &case.prompt_ids, &mut model.new_cache(), 256).map_err(|e| e.to_string())?;
+                    let logits = prefill(&model, &case.prompt_ids, &mut model.new_cache(), 256)
+                        .map_err(|e| e.to_string())?;
                     let worst = case
                         .float_reference
                         .top20_last_logits
@@ -145,23 +152,36 @@ impl BackendTask for Check {
                     let want_top1 = case.float_reference.top20_last_logits[0].0;
                     report += &format!("{:?}: max |logit diff| over top-20 = {worst:.5}, top-1 {top1} (reference {want_top1})\n", case.prompt);
                     if worst > LOGIT_TOLERANCE || top1 != want_top1 {
-                        failures.push(format!("{:?}: diff {worst} top1 {top1} vs {want_top1}", case.prompt));
+                        failures.push(format!(
+                            "{:?}: diff {worst} top1 {top1} vs {want_top1}",
+                            case.prompt
+                        ));
                     }
                 }
             }
             Check::Greedy => {
                 for case in &prompts.prompts {
-                    let params = GenerateParams { max_tokens: 32, ..GenerateParams::default() };
-                    let ours = generate(&model, &case.prompt_ids, &params, |_| true).map_err(|e| e.to_string())?;
+                    let params = GenerateParams {
+                        max_tokens: 32,
+                        ..GenerateParams::default()
+                    };
+                    let ours = generate(&model, &case.prompt_ids, &params, |_| true)
+                        .map_err(|e| e.to_string())?;
                     match check_greedy(&ours, &case.float_reference, MIN_MARGIN) {
-                        Ok(n) => report += &format!("{:?}: {n}/32 greedy tokens equal the reference\n", case.prompt),
+                        Ok(n) => {
+                            report += &format!(
+                                "{:?}: {n}/32 greedy tokens equal the reference\n",
+                                case.prompt
+                            )
+                        }
                         Err(e) => failures.push(format!("{:?}: {e}", case.prompt)),
                     }
                 }
             }
             Check::Perplexity => {
                 let reference: Perplexity = read_reference("perplexity.json");
-                let logprobs = token_logprobs(&model, &reference.ids, 256).map_err(|e| e.to_string())?;
+                let logprobs =
+                    token_logprobs(&model, &reference.ids, 256).map_err(|e| e.to_string())?;
                 let ppl = perplexity(&logprobs);
                 let rel = (ppl - reference.perplexity).abs() / reference.perplexity;
                 report += &format!(
@@ -171,7 +191,11 @@ impl BackendTask for Check {
                     rel * 100.0
                 );
                 if logprobs.len() != reference.n_scored || rel > PPL_TOLERANCE {
-                    failures.push(format!("perplexity {ppl} vs {} ({} scored)", reference.perplexity, logprobs.len()));
+                    failures.push(format!(
+                        "perplexity {ppl} vs {} ({} scored)",
+                        reference.perplexity,
+                        logprobs.len()
+                    ));
                 }
             }
         }

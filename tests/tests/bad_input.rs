@@ -8,7 +8,8 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 fn header_len(bytes: &[u8]) -> usize {
     let f = GgufFile::parse(bytes).unwrap();
     let first = f.tensors.iter().map(|t| t.offset).min().unwrap();
-    bytes.len() - f.tensors.iter().map(|t| t.offset + t.size).max().unwrap() as usize + first as usize
+    bytes.len() - f.tensors.iter().map(|t| t.offset + t.size).max().unwrap() as usize
+        + first as usize
 }
 
 #[test]
@@ -17,7 +18,12 @@ fn truncated_file_is_named() {
     for len in [0, 3, 7, 100, 5_000, 1_000_000, bytes.len() - 1] {
         let err = GgufFile::parse(&bytes[..len]).unwrap_err();
         assert!(
-            matches!(err, GgufError::Truncated { .. } | GgufError::TensorOutOfBounds { .. } | GgufError::ImplausibleCount { .. }),
+            matches!(
+                err,
+                GgufError::Truncated { .. }
+                    | GgufError::TensorOutOfBounds { .. }
+                    | GgufError::ImplausibleCount { .. }
+            ),
             "len {len}: {err}"
         );
     }
@@ -39,7 +45,11 @@ fn wrong_magic_is_named() {
 fn tensor_entry(bytes: &[u8], name: &str) -> usize {
     let mut key = (name.len() as u64).to_le_bytes().to_vec();
     key.extend(name.as_bytes());
-    bytes.windows(key.len()).position(|w| w == key.as_slice()).unwrap() + key.len()
+    bytes
+        .windows(key.len())
+        .position(|w| w == key.as_slice())
+        .unwrap()
+        + key.len()
 }
 
 #[test]
@@ -62,7 +72,13 @@ fn unknown_quantization_type_is_named() {
     let ty = at + 4 + 2 * 8;
     bytes[ty..ty + 4].copy_from_slice(&77u32.to_le_bytes());
     let err = GgufFile::parse(&bytes).unwrap_err();
-    assert_eq!(err, GgufError::UnknownTensorType { name: "blk.0.attn_q.weight".into(), ggml_type: 77 });
+    assert_eq!(
+        err,
+        GgufError::UnknownTensorType {
+            name: "blk.0.attn_q.weight".into(),
+            ggml_type: 77
+        }
+    );
 }
 
 #[test]
@@ -75,7 +91,10 @@ fn other_architecture_is_named() {
     bytes[at + 12..at + 17].copy_from_slice(b"gemma");
     let file = GgufFile::parse(&bytes).unwrap();
     let err = LlamaConfig::from_gguf(&file).unwrap_err();
-    assert!(matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "gemma"), "{err}");
+    assert!(
+        matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "gemma"),
+        "{err}"
+    );
 }
 
 /// Seeded random corruption of the real header (and its tensor table): never a panic.
@@ -89,7 +108,11 @@ fn random_corruption_of_the_real_header_never_panics() {
         let mut bytes = good[..header + 4096].to_vec();
         for _ in 0..rng.random_range(1..6) {
             // Favour the fixed header and the tensor table, where lengths and counts live.
-            let i = if rng.random_bool(0.5) { rng.random_range(0..64) } else { rng.random_range(0..header) };
+            let i = if rng.random_bool(0.5) {
+                rng.random_range(0..64)
+            } else {
+                rng.random_range(0..header)
+            };
             bytes[i] = rng.random();
         }
         if case % 5 == 0 {

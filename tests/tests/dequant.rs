@@ -29,7 +29,12 @@ fn dequantized_values_match_reference() {
     assert_eq!(reference.tensors.len(), 5);
     for t in &reference.tensors {
         let info = file.tensor(&t.name).unwrap();
-        assert_eq!(format!("{:?}", info.ggml_type).to_uppercase(), t.ty.to_uppercase(), "{}", t.name);
+        assert_eq!(
+            format!("{:?}", info.ggml_type).to_uppercase(),
+            t.ty.to_uppercase(),
+            "{}",
+            t.name
+        );
         assert_eq!(info.shape, t.shape_gguf);
         let (values, _) = file.dequantize(&t.name).unwrap();
         assert_eq!(values.len(), t.n);
@@ -37,7 +42,17 @@ fn dequantized_values_match_reference() {
         assert_eq!(&values[t.n - 16..], &t.last16[..], "{}: last 16", t.name);
         let sum: f64 = values.iter().map(|&v| f64::from(v)).sum();
         let sum_sq: f64 = values.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-        assert!((sum - t.sum).abs() <= 1e-6 * t.sum_sq.max(1.0), "{}: sum {sum} vs {}", t.name, t.sum);
-        assert!((sum_sq - t.sum_sq).abs() <= 1e-9 * t.sum_sq * t.n as f64, "{}: sum_sq {sum_sq} vs {}", t.name, t.sum_sq);
+        assert!(
+            (sum - t.sum).abs() <= 1e-6 * t.sum_sq.max(1.0),
+            "{}: sum {sum} vs {}",
+            t.name,
+            t.sum
+        );
+        assert!(
+            (sum_sq - t.sum_sq).abs() <= 1e-9 * t.sum_sq * t.n as f64,
+            "{}: sum_sq {sum_sq} vs {}",
+            t.name,
+            t.sum_sq
+        );
     }
 }

@@ -36,7 +36,12 @@ fn every_reference_case_gives_the_reference_ids() {
         }
         assert_eq!(ids, c.ids, "case {}", c.name);
         let skip = usize::from(c.add_bos);
-        assert_eq!(tok.decode(&ids[skip..]).unwrap(), c.roundtrip, "case {}", c.name);
+        assert_eq!(
+            tok.decode(&ids[skip..]).unwrap(),
+            c.roundtrip,
+            "case {}",
+            c.name
+        );
     }
 }
 
@@ -45,7 +50,12 @@ fn reference_prompts_and_perplexity_text_tokenize_exactly() {
     let tok = tokenizer();
     let prompts: fornax_tests::Prompts = read_reference("prompts.json");
     for p in &prompts.prompts {
-        assert_eq!(tok.encode(&p.prompt, false).unwrap(), p.prompt_ids, "{:?}", p.prompt);
+        assert_eq!(
+            tok.encode(&p.prompt, false).unwrap(),
+            p.prompt_ids,
+            "{:?}",
+            p.prompt
+        );
     }
     let ppl: Perplexity = read_reference("perplexity.json");
     let text = std::fs::read_to_string(fornax_tests::reference_dir().join("ppl_text.txt")).unwrap();
@@ -66,11 +76,17 @@ fn streaming_decode_never_emits_broken_characters() {
         let bytes = tok.token_bytes(id).unwrap();
         split_seen |= std::str::from_utf8(bytes).is_err();
         let piece = stream.push(bytes);
-        assert!(!piece.contains('\u{fffd}'), "garbage emitted for token {id}");
+        assert!(
+            !piece.contains('\u{fffd}'),
+            "garbage emitted for token {id}"
+        );
         out += &piece;
     }
     out += &stream.finish();
-    assert!(split_seen, "the text should contain a character split across tokens");
+    assert!(
+        split_seen,
+        "the text should contain a character split across tokens"
+    );
     assert_eq!(out, text);
 }
 
@@ -86,7 +102,12 @@ fn chat_template_renders_smollm_format() {
         text,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     );
-    let ids = tok.encode_chat(&[ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "hi")]).unwrap();
+    let ids = tok
+        .encode_chat(&[
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "hi"),
+        ])
+        .unwrap();
     let im_start = tok.token_id("<|im_start|>").unwrap();
     assert_eq!(ids[0], im_start);
     assert_eq!(ids.iter().filter(|&&i| i == im_start).count(), 3);

@@ -54,8 +54,14 @@ impl BackendTask for Single<'_> {
         let model = load_model::<B>(self.gguf, &device)?;
         let load_s = t.elapsed().as_secs_f64();
         // A prompt of the requested length cut from real text.
-        let text = "The history of computing is a story of abstractions built on abstractions. ".repeat(a.prompt_tokens);
-        let prompt: Vec<u32> = self.tok.encode(&text, false)?.into_iter().take(a.prompt_tokens).collect();
+        let text = "The history of computing is a story of abstractions built on abstractions. "
+            .repeat(a.prompt_tokens);
+        let prompt: Vec<u32> = self
+            .tok
+            .encode(&text, false)?
+            .into_iter()
+            .take(a.prompt_tokens)
+            .collect();
         let (mut prefill_tps, mut decode_tps) = (Vec::new(), Vec::new());
         for run in 0..=a.runs {
             let mut cache = model.new_cache();
@@ -81,7 +87,12 @@ impl BackendTask for Single<'_> {
             prompt.len(),
             a.runs
         );
-        println!("decode:  {:.2} tokens/s ({} tokens after the prompt, median of {} runs)", median(decode_tps), a.gen_tokens, a.runs);
+        println!(
+            "decode:  {:.2} tokens/s ({} tokens after the prompt, median of {} runs)",
+            median(decode_tps),
+            a.gen_tokens,
+            a.runs
+        );
         Ok(())
     }
 }
@@ -92,7 +103,14 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             let file = args.model.open()?;
             let gguf = parse(&file)?;
             let tok = tokenizer(&gguf)?;
-            run_on(args.model.backend, Single { args: &args, gguf: &gguf, tok: &tok })?
+            run_on(
+                args.model.backend,
+                Single {
+                    args: &args,
+                    gguf: &gguf,
+                    tok: &tok,
+                },
+            )?
         }
     }
 }

@@ -112,13 +112,16 @@ impl BackendTask for Generate<'_> {
             if !json && !params.stop_ids.contains(&id) {
                 let text = stream.push(self.tok.token_bytes(id).unwrap_or_default());
                 // A closed stdout (e.g. `| head`) stops generation.
-                return write!(stdout, "{text}").and_then(|_| stdout.flush()).is_ok();
+                return write!(stdout, "{text}")
+                    .and_then(|_| stdout.flush())
+                    .is_ok();
             }
             true
         })?;
         if json {
             let text = self.tok.decode(&ids)?;
-            let out = serde_json::json!({ "prompt_ids": prompt, "generated_ids": ids, "text": text });
+            let out =
+                serde_json::json!({ "prompt_ids": prompt, "generated_ids": ids, "text": text });
             writeln!(stdout, "{out}")?;
         } else {
             writeln!(stdout, "{}", stream.finish())?;
@@ -131,5 +134,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let file = args.model.open()?;
     let gguf = parse(&file)?;
     let tok = tokenizer(&gguf)?;
-    run_on(args.model.backend, Generate { args: &args, gguf: &gguf, tok: &tok })?
+    run_on(
+        args.model.backend,
+        Generate {
+            args: &args,
+            gguf: &gguf,
+            tok: &tok,
+        },
+    )?
 }

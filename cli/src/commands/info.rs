@@ -21,7 +21,10 @@ pub fn run(args: ModelArgs) -> Result<()> {
     let file = fornax::model_file::ModelFile::open(&path)?;
     let gguf = parse(&file)?;
     let config = LlamaConfig::from_gguf(&gguf)?;
-    let name = gguf.get("general.name").and_then(|v| v.as_str()).unwrap_or("unnamed");
+    let name = gguf
+        .get("general.name")
+        .and_then(|v| v.as_str())
+        .unwrap_or("unnamed");
     let mut types: Vec<String> = Vec::new();
     for t in &gguf.tensors {
         let ty = format!("{:?}", t.ggml_type);
@@ -31,7 +34,13 @@ pub fn run(args: ModelArgs) -> Result<()> {
     }
     let params: u64 = gguf.tensors.iter().map(|t| t.elements()).sum();
     println!("model:    {name} ({})", path.display());
-    println!("format:   GGUF v{}, {} tensors ({}), {:.1}M parameters", gguf.version, gguf.tensors.len(), types.join(", "), params as f64 / 1e6);
+    println!(
+        "format:   GGUF v{}, {} tensors ({}), {:.1}M parameters",
+        gguf.version,
+        gguf.tensors.len(),
+        types.join(", "),
+        params as f64 / 1e6
+    );
     println!(
         "config:   {} layers, d_model {}, {} heads / {} kv heads, d_ff {}, vocab {}, context {}, rope base {}",
         config.n_layers, config.d_model, config.n_heads, config.n_kv_heads, config.d_ff, config.vocab_size, config.max_seq_len, config.rope_theta

@@ -24,8 +24,8 @@ pub struct ModelArgs {
     /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched into the cache).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Compute backend: wgpu, cpu or cuda.
-    #[arg(long, default_value = "wgpu")]
+    /// Compute backend: auto (CUDA, else a GPU through wgpu, else CPU), wgpu, cpu or cuda.
+    #[arg(long, default_value = "auto")]
     pub backend: BackendKind,
 }
 
@@ -57,7 +57,8 @@ pub fn tokenizer(gguf: &GgufFile<'_>) -> Result<Tokenizer> {
 /// Loads the model onto `device` with a progress bar on stderr.
 pub fn load_model<B: Backend>(gguf: &GgufFile<'_>, device: &B::Device) -> Result<LlamaModel<B>> {
     let bar = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("loading {bar:30} {pos}/{len} tensors {elapsed}").expect("valid template"),
+        ProgressStyle::with_template("loading {bar:30} {pos}/{len} tensors {elapsed}")
+            .expect("valid template"),
     );
     let model = LlamaModel::from_gguf(gguf, device, &mut |done, total| {
         bar.set_length(total as u64);

@@ -24,10 +24,14 @@ pub fn run(args: TokenizeArgs) -> Result<()> {
     let gguf = parse(&file)?;
     let tok = tokenizer(&gguf)?;
     if args.decode {
-        let ids: Vec<u32> = serde_json::from_str(&args.text).context("--decode expects a JSON array of token ids")?;
+        let ids: Vec<u32> = serde_json::from_str(&args.text)
+            .context("--decode expects a JSON array of token ids")?;
         println!("{}", tok.decode(&ids)?);
     } else {
-        println!("{}", serde_json::to_string(&tok.encode(&args.text, args.special)?)?);
+        println!(
+            "{}",
+            serde_json::to_string(&tok.encode(&args.text, args.special)?)?
+        );
     }
     Ok(())
 }

@@ -32,7 +32,9 @@ pub enum GgufError {
     BadShape { name: String, shape: Vec<u64> },
     #[error("tensor {name:?} uses unknown or unsupported quantization type {ggml_type}")]
     UnknownTensorType { name: String, ggml_type: u32 },
-    #[error("tensor {name:?} of {elements} elements is not a whole number of {block}-element blocks")]
+    #[error(
+        "tensor {name:?} of {elements} elements is not a whole number of {block}-element blocks"
+    )]
     PartialBlock {
         name: String,
         elements: u64,

@@ -245,7 +245,8 @@ impl<'a> GgufFile<'a> {
     /// A required unsigned integer.
     pub fn u64(&self, key: &str) -> Result<u64, GgufError> {
         let v = self.require(key)?;
-        v.as_u64().ok_or_else(|| Self::wrong_type(key, "unsigned integer", v))
+        v.as_u64()
+            .ok_or_else(|| Self::wrong_type(key, "unsigned integer", v))
     }
 
     /// A required float.
@@ -263,7 +264,8 @@ impl<'a> GgufFile<'a> {
     /// A required array.
     pub fn array(&self, key: &str) -> Result<&[Value], GgufError> {
         let v = self.require(key)?;
-        v.as_array().ok_or_else(|| Self::wrong_type(key, "array", v))
+        v.as_array()
+            .ok_or_else(|| Self::wrong_type(key, "array", v))
     }
 
     /// A tensor's table entry by name.

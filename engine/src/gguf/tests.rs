@@ -20,7 +20,10 @@ fn all_values_file(version: u32) -> GgufWriter {
         .meta("f64", Value::F64(-2.25))
         .meta(
             "strings",
-            Value::Array(vec![Value::String("a".into()), Value::String("héllo".into())]),
+            Value::Array(vec![
+                Value::String("a".into()),
+                Value::String("héllo".into()),
+            ]),
         )
         .meta(
             "nested",
@@ -124,7 +127,9 @@ fn unknown_quantization_type_is_named() {
             ggml_type: 99
         }
     );
-    assert!(err.to_string().contains("unknown or unsupported quantization type 99"));
+    assert!(err
+        .to_string()
+        .contains("unknown or unsupported quantization type 99"));
 }
 
 #[test]

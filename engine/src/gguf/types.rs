@@ -57,11 +57,17 @@ impl GgmlType {
         let n_block = self.block_elements() as usize;
         let b_bytes = self.block_bytes() as usize;
         debug_assert_eq!(bytes.len() / b_bytes * n_block, out.len());
-        let blocks = bytes.chunks_exact(b_bytes).zip(out.chunks_exact_mut(n_block));
+        let blocks = bytes
+            .chunks_exact(b_bytes)
+            .zip(out.chunks_exact_mut(n_block));
         match self {
-            Self::F32 => blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            Self::F32 => {
+                blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            }
             Self::F16 => blocks.for_each(|(b, o)| o[0] = f16::from_le_bytes([b[0], b[1]]).to_f32()),
-            Self::BF16 => blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            Self::BF16 => {
+                blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            }
             Self::Q8_0 => blocks.for_each(|(b, o)| {
                 let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
                 for (v, &q) in o.iter_mut().zip(&b[2..34]) {

@@ -57,7 +57,13 @@ impl<B: Backend> Attention<B> {
 
 /// Additive mask `[1, group * tokens, total]`: row `g * tokens + i` (query at `start + i`)
 /// sees keys `0..=start + i`.
-fn causal_mask<B: Backend>(group: usize, tokens: usize, start: usize, total: usize, device: &B::Device) -> Tensor<B, 3> {
+fn causal_mask<B: Backend>(
+    group: usize,
+    tokens: usize,
+    start: usize,
+    total: usize,
+    device: &B::Device,
+) -> Tensor<B, 3> {
     let mut mask = vec![0.0f32; group * tokens * total];
     for g in 0..group {
         for i in 0..tokens {

@@ -16,8 +16,18 @@ pub struct Block<B: Backend> {
 
 impl<B: Backend> Block<B> {
     /// Runs the block on `[tokens, d_model]` starting at position `start`.
-    pub fn forward(&self, x: Tensor<B, 2>, rope: &Rope<B>, cache: &mut KvCache<B>, layer: usize, start: usize) -> Tensor<B, 2> {
-        let h = x.clone() + self.attn.forward(self.attn_norm.forward(x), rope, cache, layer, start);
+    pub fn forward(
+        &self,
+        x: Tensor<B, 2>,
+        rope: &Rope<B>,
+        cache: &mut KvCache<B>,
+        layer: usize,
+        start: usize,
+    ) -> Tensor<B, 2> {
+        let h = x.clone()
+            + self
+                .attn
+                .forward(self.attn_norm.forward(x), rope, cache, layer, start);
         h.clone() + self.mlp.forward(self.ffn_norm.forward(h))
     }
 }

@@ -63,12 +63,18 @@ impl LlamaConfig {
                 .map_or(n_heads, |v| v as usize),
             d_ff: usize_key("feed_forward_length")?,
             max_seq_len: usize_key("context_length")?,
-            rope_theta: file.get(&key("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0),
+            rope_theta: file
+                .get(&key("rope.freq_base"))
+                .and_then(|v| v.as_f64())
+                .unwrap_or(10000.0),
             rms_eps: file.f64(&key("attention.layer_norm_rms_epsilon"))?,
             tied_embeddings: file.tensor("output.weight").is_err(),
         };
         config.validate()?;
-        if let Some(rope_dims) = file.get(&key("rope.dimension_count")).and_then(|v| v.as_u64()) {
+        if let Some(rope_dims) = file
+            .get(&key("rope.dimension_count"))
+            .and_then(|v| v.as_u64())
+        {
             if rope_dims as usize != config.head_dim() {
                 return Err(ModelError::BadConfig(format!(
                     "partial RoPE ({rope_dims} of {} dims) is not supported",
@@ -82,16 +88,30 @@ impl LlamaConfig {
     /// Checks the sizes are consistent.
     pub fn validate(&self) -> Result<(), ModelError> {
         let bad = |m: String| Err(ModelError::BadConfig(m));
-        if [self.vocab_size, self.d_model, self.n_layers, self.n_heads, self.n_kv_heads, self.d_ff, self.max_seq_len]
-            .contains(&0)
+        if [
+            self.vocab_size,
+            self.d_model,
+            self.n_layers,
+            self.n_heads,
+            self.n_kv_heads,
+            self.d_ff,
+            self.max_seq_len,
+        ]
+        .contains(&0)
         {
             return bad("a size is zero".into());
         }
         if self.d_model % self.n_heads != 0 || self.head_dim() % 2 != 0 {
-            return bad(format!("d_model {} does not split into {} even heads", self.d_model, self.n_heads));
+            return bad(format!(
+                "d_model {} does not split into {} even heads",
+                self.d_model, self.n_heads
+            ));
         }
         if self.n_heads % self.n_kv_heads != 0 {
-            return bad(format!("{} heads do not group over {} kv heads", self.n_heads, self.n_kv_heads));
+            return bad(format!(
+                "{} heads do not group over {} kv heads",
+                self.n_heads, self.n_kv_heads
+            ));
         }
         Ok(())
     }

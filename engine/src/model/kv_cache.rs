@@ -29,7 +29,12 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Appends `k`, `v` for `layer` and returns the layer's full keys and values.
-    pub fn append(&mut self, layer: usize, k: Tensor<B, 3>, v: Tensor<B, 3>) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    pub fn append(
+        &mut self,
+        layer: usize,
+        k: Tensor<B, 3>,
+        v: Tensor<B, 3>,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
         let full = match self.layers[layer].take() {
             Some((pk, pv)) => (Tensor::cat(vec![pk, k], 1), Tensor::cat(vec![pv, v], 1)),
             None => (k, v),

@@ -3,7 +3,7 @@
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
-use super::{Block, KvCache, LlamaConfig, Linear, ModelError, RmsNorm, Rope};
+use super::{Block, KvCache, Linear, LlamaConfig, ModelError, RmsNorm, Rope};
 
 /// Which positions get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +47,12 @@ impl<B: Backend> LlamaModel<B> {
 
     /// Runs `tokens` (continuing the sequence in `cache`) and returns logits
     /// `[rows, vocab]` for the requested positions.
-    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache<B>, logits: Logits) -> Result<Tensor<B, 2>, ModelError> {
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache<B>,
+        logits: Logits,
+    ) -> Result<Tensor<B, 2>, ModelError> {
         let vocab = self.config.vocab_size;
         if tokens.is_empty() {
             return Err(ModelError::EmptyInput);

@@ -2,7 +2,9 @@
 
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
-use super::{Attention, Block, Linear, Llama, LlamaConfig, LlamaModel, Mlp, ModelError, RmsNorm, Rope};
+use super::{
+    Attention, Block, Linear, Llama, LlamaConfig, LlamaModel, Mlp, ModelError, RmsNorm, Rope,
+};
 use crate::gguf::{GgufError, GgufFile};
 
 struct Loader<'f, 'a, B: Backend> {
@@ -36,7 +38,12 @@ impl<B: Backend> Loader<'_, '_, B> {
     }
 
     /// A GGUF matrix stored `[out, in]`, uploaded transposed as `[in, out]`.
-    fn transposed(&mut self, name: &str, out: usize, inp: usize) -> Result<Tensor<B, 2>, ModelError> {
+    fn transposed(
+        &mut self,
+        name: &str,
+        out: usize,
+        inp: usize,
+    ) -> Result<Tensor<B, 2>, ModelError> {
         let v = self.values(name, &[out, inp])?;
         let mut t = vec![0.0f32; v.len()];
         for (r, row) in v.chunks_exact(inp).enumerate() {
@@ -44,7 +51,10 @@ impl<B: Backend> Loader<'_, '_, B> {
                 t[c * out + r] = x;
             }
         }
-        Ok(Tensor::from_data(TensorData::new(t, [inp, out]), self.device))
+        Ok(Tensor::from_data(
+            TensorData::new(t, [inp, out]),
+            self.device,
+        ))
     }
 
     fn linear(&mut self, name: &str, inp: usize, out: usize) -> Result<Linear<B>, ModelError> {

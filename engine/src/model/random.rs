@@ -10,7 +10,9 @@ impl<B: Backend> LlamaModel<B> {
     /// Random weights of scale 0.1 for `config` (tied embeddings); seed the backend first
     /// with `B::seed` for reproducible values.
     pub fn random(config: LlamaConfig, device: &B::Device) -> Self {
-        let w = |rows: usize, cols: usize| Tensor::<B, 2>::random([rows, cols], Distribution::Normal(0.0, 0.1), device);
+        let w = |rows: usize, cols: usize| {
+            Tensor::<B, 2>::random([rows, cols], Distribution::Normal(0.0, 0.1), device)
+        };
         let lin = |i: usize, o: usize| Linear::new(w(i, o));
         let norm = || RmsNorm::new(Tensor::ones([config.d_model], device), config.rms_eps);
         let (d, hd) = (config.d_model, config.head_dim());

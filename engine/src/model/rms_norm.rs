@@ -23,7 +23,12 @@ impl<B: Backend> RmsNorm<B> {
 
     /// Normalises `x` of shape `[tokens, d]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let rms = x.clone().powi_scalar(2).mean_dim(1).add_scalar(self.eps).sqrt();
+        let rms = x
+            .clone()
+            .powi_scalar(2)
+            .mean_dim(1)
+            .add_scalar(self.eps)
+            .sqrt();
         x.div(rms).mul(self.weight.val().unsqueeze())
     }
 }

@@ -35,8 +35,16 @@ impl<B: Backend> Rope<B> {
     pub fn apply(&self, x: Tensor<B, 3>, start: usize) -> Tensor<B, 3> {
         let [heads, tokens, head_dim] = x.dims();
         let half = head_dim / 2;
-        let cos = self.cos.clone().narrow(0, start, tokens).reshape([1, tokens, half, 1]);
-        let sin = self.sin.clone().narrow(0, start, tokens).reshape([1, tokens, half, 1]);
+        let cos = self
+            .cos
+            .clone()
+            .narrow(0, start, tokens)
+            .reshape([1, tokens, half, 1]);
+        let sin = self
+            .sin
+            .clone()
+            .narrow(0, start, tokens)
+            .reshape([1, tokens, half, 1]);
         let pairs = x.reshape([heads, tokens, half, 2]);
         let a = pairs.clone().narrow(3, 0, 1);
         let b = pairs.narrow(3, 1, 1);

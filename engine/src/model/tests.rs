@@ -16,30 +16,53 @@ fn tiny() -> LlamaModel<B> {
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
 fn cached_decoding_matches_full_forward() {
     let model = tiny();
     let ids = [3u32, 17, 42, 5, 9, 60, 1, 33, 12, 8];
-    let full = logits_to_vec(model.forward(&ids, &mut model.new_cache(), Logits::All).unwrap());
+    let full = logits_to_vec(
+        model
+            .forward(&ids, &mut model.new_cache(), Logits::All)
+            .unwrap(),
+    );
     // Prefill 4 tokens, then 2, then one at a time.
     let mut cache = model.new_cache();
     let mut stepped = logits_to_vec(model.forward(&ids[..4], &mut cache, Logits::All).unwrap());
-    stepped.extend(logits_to_vec(model.forward(&ids[4..6], &mut cache, Logits::All).unwrap()));
+    stepped.extend(logits_to_vec(
+        model.forward(&ids[4..6], &mut cache, Logits::All).unwrap(),
+    ));
     for &t in &ids[6..] {
-        stepped.extend(logits_to_vec(model.forward(&[t], &mut cache, Logits::Last).unwrap()));
+        stepped.extend(logits_to_vec(
+            model.forward(&[t], &mut cache, Logits::Last).unwrap(),
+        ));
     }
     assert_eq!(cache.len(), ids.len());
-    assert!(max_diff(&full, &stepped) < 1e-4, "diff {}", max_diff(&full, &stepped));
+    assert!(
+        max_diff(&full, &stepped) < 1e-4,
+        "diff {}",
+        max_diff(&full, &stepped)
+    );
 }
 
 #[test]
 fn future_tokens_do_not_change_past_logits() {
     let model = tiny();
-    let a = logits_to_vec(model.forward(&[1, 2, 3, 4], &mut model.new_cache(), Logits::All).unwrap());
-    let b = logits_to_vec(model.forward(&[1, 2, 3, 9], &mut model.new_cache(), Logits::All).unwrap());
+    let a = logits_to_vec(
+        model
+            .forward(&[1, 2, 3, 4], &mut model.new_cache(), Logits::All)
+            .unwrap(),
+    );
+    let b = logits_to_vec(
+        model
+            .forward(&[1, 2, 3, 9], &mut model.new_cache(), Logits::All)
+            .unwrap(),
+    );
     let vocab = 64;
     assert!(max_diff(&a[..3 * vocab], &b[..3 * vocab]) < 1e-5);
     assert!(max_diff(&a[3 * vocab..], &b[3 * vocab..]) > 1e-3);
@@ -49,8 +72,14 @@ fn future_tokens_do_not_change_past_logits() {
 fn rms_norm_matches_formula() {
     let device = Default::default();
     let x = [1.0f32, -2.0, 3.0, 0.5];
-    let norm = RmsNorm::<B>::new(Tensor::from_data(TensorData::new(vec![1.0f32, 2.0, 1.0, 1.0], [4]), &device), 1e-5);
-    let y = logits_to_vec(norm.forward(Tensor::from_data(TensorData::new(x.to_vec(), [1, 4]), &device)));
+    let norm = RmsNorm::<B>::new(
+        Tensor::from_data(TensorData::new(vec![1.0f32, 2.0, 1.0, 1.0], [4]), &device),
+        1e-5,
+    );
+    let y = logits_to_vec(norm.forward(Tensor::from_data(
+        TensorData::new(x.to_vec(), [1, 4]),
+        &device,
+    )));
     let rms = (x.iter().map(|v| v * v).sum::<f32>() / 4.0 + 1e-5).sqrt();
     let want = [1.0 / rms, -4.0 / rms, 3.0 / rms, 0.5 / rms];
     assert!(max_diff(&y, &want) < 1e-6);
@@ -60,7 +89,10 @@ fn rms_norm_matches_formula() {
 fn rope_rotates_adjacent_pairs() {
     let device = Default::default();
     let rope = Rope::<B>::new(4, 8, 100.0, &device);
-    let x = Tensor::<B, 3>::from_data(TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [1, 1, 4]), &device);
+    let x = Tensor::<B, 3>::from_data(
+        TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [1, 1, 4]),
+        &device,
+    );
     let y = logits_to_vec(rope.apply(x, 3).reshape([1, 4]));
     // Pair 0 turns by 3 rad, pair 1 by 3 * 100^(-1/2) rad.
     let a1 = 3.0f32 * 0.1;
@@ -71,7 +103,10 @@ fn rope_rotates_adjacent_pairs() {
 #[test]
 fn bad_inputs_are_errors() {
     let model = tiny();
-    assert!(matches!(model.forward(&[], &mut model.new_cache(), Logits::Last), Err(ModelError::EmptyInput)));
+    assert!(matches!(
+        model.forward(&[], &mut model.new_cache(), Logits::Last),
+        Err(ModelError::EmptyInput)
+    ));
     assert!(matches!(
         model.forward(&[64], &mut model.new_cache(), Logits::Last),
         Err(ModelError::TokenOutOfRange { id: 64, .. })
@@ -79,7 +114,10 @@ fn bad_inputs_are_errors() {
     let long = vec![1u32; 65];
     assert!(matches!(
         model.forward(&long, &mut model.new_cache(), Logits::Last),
-        Err(ModelError::ContextOverflow { needed: 65, limit: 64 })
+        Err(ModelError::ContextOverflow {
+            needed: 65,
+            limit: 64
+        })
     ));
 }
 
@@ -110,7 +148,10 @@ fn config_comes_from_metadata() {
         .meta("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-6))
         .build();
     let c = LlamaConfig::from_gguf(&GgufFile::parse(&bytes).unwrap()).unwrap();
-    assert_eq!((c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads), (100, 64, 3, 8, 2));
+    assert_eq!(
+        (c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads),
+        (100, 64, 3, 8, 2)
+    );
     assert_eq!((c.d_ff, c.max_seq_len, c.rope_theta), (128, 256, 5e5));
     assert!(c.tied_embeddings);
 }

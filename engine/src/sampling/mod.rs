@@ -110,7 +110,10 @@ mod tests {
     #[test]
     fn greedy_takes_the_first_maximum() {
         assert_eq!(argmax(&[0.1, 3.0, 3.0, -1.0]), 1);
-        assert_eq!(Sampler::new(SamplingParams::greedy()).sample(&[1.0, 2.0, 0.5]), 1);
+        assert_eq!(
+            Sampler::new(SamplingParams::greedy()).sample(&[1.0, 2.0, 0.5]),
+            1
+        );
     }
 
     #[test]

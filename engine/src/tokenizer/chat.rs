@@ -41,7 +41,11 @@ impl ChatTemplate {
     }
 
     /// Renders the conversation; with `add_generation_prompt` the assistant turn is opened.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, Error> {
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, Error> {
         let mut env = Environment::new();
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))

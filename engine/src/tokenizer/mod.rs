@@ -90,11 +90,17 @@ impl Tokenizer {
         if model != "gpt2" {
             return Err(TokenizerError::UnsupportedModel(model.to_string()));
         }
-        let pre = file.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).unwrap_or("default");
+        let pre = file
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
         let tokens: Vec<&str> = file
             .array("tokenizer.ggml.tokens")?
             .iter()
-            .map(|v| v.as_str().ok_or_else(|| TokenizerError::Malformed("token is not a string".into())))
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| TokenizerError::Malformed("token is not a string".into()))
+            })
             .collect::<Result<_, _>>()?;
         let types: Vec<i64> = match file.get("tokenizer.ggml.token_type") {
             Some(v) => v
@@ -149,13 +155,23 @@ impl Tokenizer {
         let token_bytes = tokens
             .iter()
             .zip(&token_is_control)
-            .map(|(t, &control)| if control { t.as_bytes().to_vec() } else { bytes.token_bytes(t) })
+            .map(|(t, &control)| {
+                if control {
+                    t.as_bytes().to_vec()
+                } else {
+                    bytes.token_bytes(t)
+                }
+            })
             .collect();
 
         let id = |key: &str| file.get(key).and_then(|v| v.as_u64()).map(|v| v as u32);
         let bos_id = id("tokenizer.ggml.bos_token_id");
         let eos_id = id("tokenizer.ggml.eos_token_id");
-        let name = |id: Option<u32>| id.and_then(|i| tokens.get(i as usize)).map(|s| s.to_string()).unwrap_or_default();
+        let name = |id: Option<u32>| {
+            id.and_then(|i| tokens.get(i as usize))
+                .map(|s| s.to_string())
+                .unwrap_or_default()
+        };
         let chat_template = file
             .get("tokenizer.chat_template")
             .and_then(|v| v.as_str())
@@ -183,7 +199,11 @@ impl Tokenizer {
     /// Encodes text; with `parse_special`, special-token text such as `<|im_start|>`
     /// becomes its single token, otherwise it is encoded as ordinary text.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let tok = if parse_special { &self.special } else { &self.plain };
+        let tok = if parse_special {
+            &self.special
+        } else {
+            &self.plain
+        };
         tok.encode(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| TokenizerError::Encode(e.to_string()))
@@ -199,7 +219,10 @@ impl Tokenizer {
 
     /// Whether `id` is a control token such as `<|im_end|>`.
     pub fn is_control(&self, id: u32) -> bool {
-        self.token_is_control.get(id as usize).copied().unwrap_or(false)
+        self.token_is_control
+            .get(id as usize)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// The id of a token given its exact vocabulary text, if any.
@@ -218,7 +241,9 @@ impl Tokenizer {
 
     /// The chat template, if the file has one.
     pub fn chat_template(&self) -> Result<&ChatTemplate, TokenizerError> {
-        self.chat_template.as_ref().ok_or(TokenizerError::NoChatTemplate)
+        self.chat_template
+            .as_ref()
+            .ok_or(TokenizerError::NoChatTemplate)
     }
 
     /// Renders a conversation with the chat template and encodes it (special tokens parsed).
