@@ -23,6 +23,8 @@ enum Command {
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Print the model, the backend and the adapter.
     Info(commands::ModelArgs),
+    /// Perplexity of a text file under the model.
+    Perplexity(commands::perplexity::PerplexityArgs),
     /// Fetch the default model into the cache (if missing) and print its path.
     Fetch,
     /// Benchmarks (not tests): print measured figures.
@@ -36,6 +38,7 @@ fn main() {
         Command::Generate(a) => commands::generate::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Info(a) => commands::info::run(a),
+        Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Fetch => commands::fetch(),
         Command::Bench(b) => commands::bench::run(b),
     };

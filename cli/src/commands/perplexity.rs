@@ -1,0 +1,69 @@
+//! `fornax perplexity`: score a text file (no BOS, like the reference scorer).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use burn::tensor::backend::Backend;
+use clap::Args;
+use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::score::{perplexity, token_logprobs};
+use fornax_engine::tokenizer::Tokenizer;
+
+use super::{load_model, parse, tokenizer, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// Text file to score.
+    pub file: PathBuf,
+    /// Tokens per forward pass.
+    #[arg(long, default_value_t = 256)]
+    pub chunk: usize,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+struct Score<'a> {
+    ids: Vec<u32>,
+    chunk: usize,
+    gguf: &'a GgufFile<'a>,
+}
+
+impl BackendTask for Score<'_> {
+    type Output = Result<()>;
+
+    fn run<B: Backend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+        let model = load_model::<B>(self.gguf, &device)?;
+        let t = Instant::now();
+        let logprobs = token_logprobs(&model, &self.ids, self.chunk)?;
+        let secs = t.elapsed().as_secs_f64();
+        let ppl = perplexity(&logprobs);
+        println!("backend: {} | adapter: {}", info.kind, info.adapter);
+        println!(
+            "perplexity: {ppl:.4} over {} scored tokens (mean NLL {:.5}), {:.1} tokens/s",
+            logprobs.len(),
+            ppl.ln(),
+            self.ids.len() as f64 / secs
+        );
+        Ok(())
+    }
+}
+
+fn encode(tok: &Tokenizer, path: &PathBuf) -> Result<Vec<u32>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(tok.encode(&text, false)?)
+}
+
+pub fn run(args: PerplexityArgs) -> Result<()> {
+    let file = args.model.open()?;
+    let gguf = parse(&file)?;
+    let ids = encode(&tokenizer(&gguf)?, &args.file)?;
+    let task = Score {
+        ids,
+        chunk: args.chunk,
+        gguf: &gguf,
+    };
+    run_on(args.model.backend, task)?
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# CUDA checks on a machine with an NVIDIA GPU, given a fornax binary built with
+# `--features cuda` and the default model: greedy tokens of the reference prompts against
+# the float reference, perplexity of the reference text, and `bench single`.
+# Usage: scripts/gpu-check.sh FORNAX_BINARY MODEL.gguf [OUT_DIR]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=$1 model=$2 out=${3:-.}
+ref=tests/reference
+nvidia-smi -L || true
+"$bin" info --backend cuda --model "$model"
+python3 - "$ref/prompts.json" > "$out/prompts.txt" <<'PY'
+import json, sys
+for p in json.load(open(sys.argv[1]))["prompts"]:
+    print(p["prompt"])
+PY
+i=0
+while IFS= read -r prompt; do
+    "$bin" generate "$prompt" --max-tokens 32 --ignore-eos --json --backend cuda --model "$model" > "$out/greedy_$i.json"
+    i=$((i + 1))
+done < "$out/prompts.txt"
+python3 - "$ref/prompts.json" "$out" <<'PY'
+import json, sys
+ref = json.load(open(sys.argv[1]))["prompts"]
+for i, p in enumerate(ref):
+    ours = json.load(open(f"{sys.argv[2]}/greedy_{i}.json"))
+    want = p["float_reference"]["greedy_ids"]
+    same = next((k for k, (a, b) in enumerate(zip(ours["generated_ids"], want)) if a != b), len(want))
+    margin = p["float_reference"]["steps"][same]["margin_top1_top2_logit"] if same < len(want) else None
+    print(f"{p['prompt']!r}: prompt ids equal: {ours['prompt_ids'] == p['prompt_ids']}, "
+          f"greedy tokens equal to the float reference: {same}/32"
+          + ("" if margin is None else f" (reference margin at divergence {margin:.3f})"))
+PY
+"$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model"
+"$bin" bench single --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --runs 5
