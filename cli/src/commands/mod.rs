@@ -35,7 +35,7 @@ impl ModelArgs {
     pub fn path(&self) -> Result<PathBuf> {
         match &self.model {
             Some(p) => Ok(p.clone()),
-            None => model_store::ensure_default_model(&mut |s| eprintln!("fornax: {s}")),
+            None => fetch_with_spinner(),
         }
     }
 
@@ -69,9 +69,18 @@ pub fn load_model<B: Backend>(gguf: &GgufFile<'_>, device: &B::Device) -> Result
     model.context("cannot load the model")
 }
 
+/// The default model's path, fetching it (with a spinner on stderr) when missing.
+fn fetch_with_spinner() -> Result<PathBuf> {
+    let spinner = ProgressBar::new_spinner();
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let path = model_store::ensure_default_model(&mut |s| spinner.set_message(s.to_string()));
+    spinner.finish_and_clear();
+    path
+}
+
 /// `fornax fetch`.
 pub fn fetch() -> Result<()> {
-    let path = model_store::ensure_default_model(&mut |s| eprintln!("fornax: {s}"))?;
+    let path = fetch_with_spinner()?;
     println!("{}", path.display());
     Ok(())
 }

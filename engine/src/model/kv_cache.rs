@@ -47,16 +47,4 @@ impl<B: Backend> KvCache<B> {
     pub fn advance(&mut self, n: usize) {
         self.len += n;
     }
-
-    /// Drops every token after the first `len` (used to roll back rejected tokens).
-    pub fn truncate(&mut self, len: usize) {
-        if len >= self.len {
-            return;
-        }
-        for (k, v) in self.layers.iter_mut().flatten() {
-            *k = k.clone().narrow(1, 0, len);
-            *v = v.clone().narrow(1, 0, len);
-        }
-        self.len = len;
-    }
 }

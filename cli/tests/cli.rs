@@ -1,0 +1,158 @@
+//! The `fornax` binary end to end on the real model (CPU backend).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fornax(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fornax"))
+        .args(args)
+        .output()
+        .expect("run fornax")
+}
+
+fn model() -> String {
+    let path = fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}")).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+fn reference(name: &str) -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/reference")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn json_out(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn generate_json_gives_reference_greedy_ids() {
+    let model = model();
+    let case = &reference("prompts.json")["prompts"][0];
+    let prompt = case["prompt"].as_str().unwrap();
+    let out = json_out(&fornax(&[
+        "generate",
+        prompt,
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+        "--json",
+        "--backend",
+        "cpu",
+        "--model",
+        &model,
+    ]));
+    assert_eq!(out["prompt_ids"], case["prompt_ids"]);
+    let want: Vec<_> = case["float_reference"]["greedy_ids"].as_array().unwrap()[..8].to_vec();
+    assert_eq!(out["generated_ids"].as_array().unwrap(), &want);
+    assert!(out["text"].as_str().unwrap().starts_with(" Paris"));
+}
+
+#[test]
+fn sampling_is_reproducible_by_seed() {
+    let model = model();
+    let run = |seed: &str| {
+        json_out(&fornax(&[
+            "generate",
+            "Once upon a time",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "1.0",
+            "--top-k",
+            "40",
+            "--seed",
+            seed,
+            "--ignore-eos",
+            "--json",
+            "--backend",
+            "cpu",
+            "--model",
+            &model,
+        ]))["generated_ids"]
+            .clone()
+    };
+    let a = run("7");
+    assert_eq!(a, run("7"));
+    assert_ne!(a, run("8"));
+}
+
+#[test]
+fn tokenize_matches_reference_and_decodes_back() {
+    let model = model();
+    for case in reference("tokenization.json")["cases"].as_array().unwrap() {
+        let mut args = vec![
+            "tokenize",
+            case["text"].as_str().unwrap(),
+            "--model",
+            &model,
+        ];
+        if case["parse_special"].as_bool().unwrap() {
+            args.push("--special");
+        }
+        assert_eq!(json_out(&fornax(&args)), case["ids"], "{}", case["name"]);
+    }
+    let out = fornax(&[
+        "tokenize",
+        "--decode",
+        "[504, 3575, 282, 4649, 314]",
+        "--model",
+        &model,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "The capital of France is\n"
+    );
+}
+
+#[test]
+fn bad_model_files_give_one_clear_error() {
+    let missing = fornax(&[
+        "generate",
+        "hi",
+        "--model",
+        "/nonexistent/model.gguf",
+        "--backend",
+        "cpu",
+    ]);
+    assert_eq!(missing.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        err.starts_with("error: cannot open model file /nonexistent/model.gguf"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    let bytes = std::fs::read(model()).unwrap();
+    let truncated =
+        std::env::temp_dir().join(format!("fornax-truncated-{}.gguf", std::process::id()));
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let out = fornax(&[
+        "generate",
+        "hi",
+        "--model",
+        truncated.to_str().unwrap(),
+        "--backend",
+        "cpu",
+    ]);
+    std::fs::remove_file(&truncated).ok();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("invalid GGUF model file") && err.contains("points past the end"),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_backend_is_refused_by_name() {
+    let out = fornax(&["info", "--backend", "tpu"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend \"tpu\""));
+}
