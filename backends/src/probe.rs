@@ -39,7 +39,7 @@ pub fn probe_wgpu() -> Result<AdapterSummary, BackendError> {
             driver: format!("{} {}", info.driver, info.driver_info)
                 .trim()
                 .to_string(),
-            max_storage_binding: limits.max_storage_buffer_binding_size.into(),
+            max_storage_binding: limits.max_storage_buffer_binding_size,
         })
         .ok_or(BackendError::NoWgpuAdapter)
 }

@@ -199,7 +199,7 @@ impl<'a> GgufFile<'a> {
         let data = bytes.get(data_start as usize..).unwrap_or(&[]);
         let mut tensor_index = HashMap::with_capacity(tensors.len());
         for (i, t) in tensors.iter().enumerate() {
-            let end = t.offset.checked_add(t.size).unwrap_or(u64::MAX);
+            let end = t.offset.saturating_add(t.size);
             if end > data.len() as u64 {
                 return Err(GgufError::TensorOutOfBounds {
                     name: t.name.clone(),

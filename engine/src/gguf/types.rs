@@ -49,7 +49,9 @@ impl GgmlType {
     /// Bytes taken by `elements` values, `None` if it is not a whole number of blocks.
     pub fn bytes_for(self, elements: u64) -> Option<u64> {
         let block = self.block_elements();
-        (elements % block == 0).then(|| elements / block * self.block_bytes())
+        elements
+            .is_multiple_of(block)
+            .then(|| elements / block * self.block_bytes())
     }
 
     /// Decodes `bytes` (a whole number of blocks) into `out`, which must hold the elements.

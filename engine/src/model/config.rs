@@ -101,13 +101,13 @@ impl LlamaConfig {
         {
             return bad("a size is zero".into());
         }
-        if self.d_model % self.n_heads != 0 || self.head_dim() % 2 != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) || !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "d_model {} does not split into {} even heads",
                 self.d_model, self.n_heads
             ));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "{} heads do not group over {} kv heads",
                 self.n_heads, self.n_kv_heads
