@@ -156,3 +156,23 @@ fn unknown_backend_is_refused_by_name() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown backend \"tpu\""));
 }
+
+#[test]
+fn missing_python_is_one_clear_sentence() {
+    let home = std::env::temp_dir().join(format!("fornax-nopython-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_fornax"))
+        .arg("fetch")
+        .env("FORNAX_HOME", &home)
+        .env("PATH", "")
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&home).ok();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: python3 is needed to fetch the default model"),
+        "{err}"
+    );
+    assert!(last.contains("--model PATH"), "{err}");
+}

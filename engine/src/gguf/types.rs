@@ -128,6 +128,24 @@ mod tests {
     }
 
     #[test]
+    fn half_precision_floats_decode() {
+        let mut out = [0.0; 2];
+        let f16s: Vec<u8> = [1.5f32, -65504.0]
+            .iter()
+            .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+            .collect();
+        GgmlType::F16.dequantize(&f16s, &mut out);
+        assert_eq!(out, [1.5, -65504.0]);
+        let bf16s: Vec<u8> = [3.0e38f32, -0.15625]
+            .iter()
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect();
+        GgmlType::BF16.dequantize(&bf16s, &mut out);
+        assert_eq!(out, [bf16::from_f32(3.0e38).to_f32(), -0.15625]);
+        assert!(out[0] > 2.9e38);
+    }
+
+    #[test]
     fn partial_blocks_are_rejected() {
         assert_eq!(GgmlType::Q4_1.bytes_for(64), Some(40));
         assert_eq!(GgmlType::Q4_1.bytes_for(33), None);
