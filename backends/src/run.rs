@@ -1,7 +1,7 @@
 //! Runs backend-generic work on the backend a user chose.
 
 use burn::backend::wgpu::{graphics::Vulkan, init_setup, RuntimeOptions, WgpuDevice};
-use burn::tensor::backend::Backend;
+use fornax_engine::EngineBackend;
 
 use crate::{probe_wgpu, BackendError, BackendKind};
 
@@ -27,7 +27,7 @@ pub trait BackendTask {
     /// What the task returns.
     type Output;
     /// Runs the task on backend `B`.
-    fn run<B: Backend>(self, device: B::Device, info: DeviceInfo) -> Self::Output;
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output;
 }
 
 fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {

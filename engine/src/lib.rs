@@ -1,7 +1,10 @@
 //! Fornax engine core: GGUF weights, tokenizer, the Llama model on burn, sampling and
 //! generation. Free of threads and file-system calls so it also builds for wasm32.
 
+mod backend;
+pub use backend::EngineBackend;
 pub mod gguf;
+pub mod kv;
 pub mod model;
 pub mod sampling;
 pub mod tokenizer;

@@ -1,1 +1,5 @@
-//! Kernel sources for Fornax. The paged-attention and quantized-matmul kernels land here.
+//! Kernels of Fornax, written once in CubeCL: burn compiles them to WGSL for wgpu (lavapipe
+//! here, WebGPU in the browser) and to CUDA for burn-cuda.
+
+pub mod launch;
+pub mod paged_attention;

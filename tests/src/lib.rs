@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use burn::tensor::backend::Backend;
 use fornax::model_file::ModelFile;
 use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
@@ -130,7 +129,11 @@ pub const PPL_TOLERANCE: f64 = 0.005;
 impl BackendTask for Check {
     type Output = Result<String, String>;
 
-    fn run<B: Backend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
+    fn run<B: fornax_engine::EngineBackend>(
+        self,
+        device: B::Device,
+        info: DeviceInfo,
+    ) -> Self::Output {
         let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
         let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {})
             .map_err(|e| e.to_string())?;

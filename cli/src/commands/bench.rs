@@ -3,7 +3,6 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use burn::tensor::backend::Backend;
 use clap::{Args, Subcommand};
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
@@ -48,7 +47,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 impl BackendTask for Single<'_> {
     type Output = Result<()>;
 
-    fn run<B: Backend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+    fn run<B: fornax_engine::EngineBackend>(
+        self,
+        device: B::Device,
+        info: DeviceInfo,
+    ) -> Result<()> {
         let a = self.args;
         let t = Instant::now();
         let model = load_model::<B>(self.gguf, &device)?;

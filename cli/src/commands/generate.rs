@@ -3,7 +3,6 @@
 use std::io::Write;
 
 use anyhow::Result;
-use burn::tensor::backend::Backend;
 use clap::Args;
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
@@ -101,7 +100,11 @@ impl GenerateArgs {
 impl BackendTask for Generate<'_> {
     type Output = Result<()>;
 
-    fn run<B: Backend>(self, device: B::Device, _info: DeviceInfo) -> Result<()> {
+    fn run<B: fornax_engine::EngineBackend>(
+        self,
+        device: B::Device,
+        _info: DeviceInfo,
+    ) -> Result<()> {
         let model = load_model::<B>(self.gguf, &device)?;
         let prompt = self.args.prompt_ids(self.tok)?;
         let params = self.args.params(self.tok);

@@ -1,7 +1,6 @@
 //! `fornax info`: the model, the backend and the adapter.
 
 use anyhow::Result;
-use burn::tensor::backend::Backend;
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::model::LlamaConfig;
 
@@ -11,7 +10,11 @@ struct Report;
 
 impl BackendTask for Report {
     type Output = DeviceInfo;
-    fn run<B: Backend>(self, _device: B::Device, info: DeviceInfo) -> DeviceInfo {
+    fn run<B: fornax_engine::EngineBackend>(
+        self,
+        _device: B::Device,
+        info: DeviceInfo,
+    ) -> DeviceInfo {
         info
     }
 }

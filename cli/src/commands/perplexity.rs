@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use burn::tensor::backend::Backend;
 use clap::Args;
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
@@ -33,7 +32,11 @@ struct Score<'a> {
 impl BackendTask for Score<'_> {
     type Output = Result<()>;
 
-    fn run<B: Backend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+    fn run<B: fornax_engine::EngineBackend>(
+        self,
+        device: B::Device,
+        info: DeviceInfo,
+    ) -> Result<()> {
         let model = load_model::<B>(self.gguf, &device)?;
         let t = Instant::now();
         let logprobs = token_logprobs(&model, &self.ids, self.chunk)?;

@@ -1,9 +1,11 @@
-//! Grouped-query self-attention with RoPE over a contiguous KV cache, computed in f32.
+//! Grouped-query self-attention with RoPE, computed in f32, over either the contiguous
+//! cache of one sequence or the paged cache of a ragged batch.
 
 use burn::module::Module;
 use burn::tensor::{activation::softmax, backend::Backend, Tensor, TensorData};
 
 use super::{KvCache, Linear, Rope};
+use crate::kv::{AttentionShape, PagedAttentionOps, PagedBatch, PagedKv};
 
 /// Attention projections of one block.
 #[derive(Module, Debug)]
@@ -29,30 +31,75 @@ impl<B: Backend> Attention<B> {
     ) -> Tensor<B, 2> {
         let [tokens, d_model] = x.dims();
         let head_dim = d_model / self.n_heads;
-        let group = self.n_heads / self.n_kv_heads;
         let heads = |t: Tensor<B, 2>, n: usize| t.reshape([tokens, n, head_dim]).swap_dims(0, 1);
 
         let q = rope.apply(heads(self.q.forward(x.clone()), self.n_heads), start);
         let k = rope.apply(heads(self.k.forward(x.clone()), self.n_kv_heads), start);
         let v = heads(self.v.forward(x), self.n_kv_heads);
         let (k, v) = cache.append(layer, k, v);
-        let total = start + tokens;
-
-        // Query heads sharing a kv head are stacked so one batched matmul serves the group.
-        let q = q.reshape([self.n_kv_heads, group * tokens, head_dim]);
-        let scale = (head_dim as f64).powf(-0.5);
-        let mut scores = q.matmul(k.swap_dims(1, 2)).mul_scalar(scale);
-        if tokens > 1 {
-            scores = scores.add(causal_mask(group, tokens, start, total, &v.device()));
-        }
-        let probs = softmax(scores, 2);
-        let out = probs
-            .matmul(v)
-            .reshape([self.n_heads, tokens, head_dim])
-            .swap_dims(0, 1)
-            .reshape([tokens, d_model]);
-        self.o.forward(out)
+        self.o.forward(attend(q, k, v, start))
     }
+
+    /// Attends the rows of a ragged batch `x` (`[rows, d_model]`) over the paged cache of
+    /// `layer`, writing this call's keys and values into it first.
+    pub fn forward_paged(
+        &self,
+        x: Tensor<B, 2>,
+        rope: &Rope<B>,
+        kv: &mut PagedKv<B>,
+        batch: &PagedBatch<B>,
+        layer: usize,
+    ) -> Tensor<B, 2>
+    where
+        B: PagedAttentionOps,
+    {
+        let [_, d_model] = x.dims();
+        let q = rope.apply_rows(
+            self.q.forward(x.clone()),
+            self.n_heads,
+            batch.positions.clone(),
+        );
+        let k = rope.apply_rows(
+            self.k.forward(x.clone()),
+            self.n_kv_heads,
+            batch.positions.clone(),
+        );
+        let v = self.v.forward(x);
+        kv.store.write(layer, batch.write_rows.clone(), k, v);
+        let shape = AttentionShape {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: d_model / self.n_heads,
+            max_blocks: batch.max_blocks,
+        };
+        self.o
+            .forward(B::paged_attention(q, kv.store.layer(layer), batch, shape))
+    }
+}
+
+/// Causal attention of queries `q` `[n_heads, tokens, hd]` (first at position `start`)
+/// over keys and values `[n_kv_heads, start + tokens, hd]`; returns `[tokens, n_heads * hd]`.
+pub(crate) fn attend<B: Backend>(
+    q: Tensor<B, 3>,
+    k: Tensor<B, 3>,
+    v: Tensor<B, 3>,
+    start: usize,
+) -> Tensor<B, 2> {
+    let [n_heads, tokens, head_dim] = q.dims();
+    let [n_kv_heads, total, _] = k.dims();
+    let group = n_heads / n_kv_heads;
+    // Query heads sharing a kv head are stacked so one batched matmul serves the group.
+    let q = q.reshape([n_kv_heads, group * tokens, head_dim]);
+    let scale = (head_dim as f64).powf(-0.5);
+    let mut scores = q.matmul(k.swap_dims(1, 2)).mul_scalar(scale);
+    if tokens > 1 {
+        scores = scores.add(causal_mask(group, tokens, start, total, &v.device()));
+    }
+    softmax(scores, 2)
+        .matmul(v)
+        .reshape([n_heads, tokens, head_dim])
+        .swap_dims(0, 1)
+        .reshape([tokens, n_heads * head_dim])
 }
 
 /// Additive mask `[1, group * tokens, total]`: row `g * tokens + i` (query at `start + i`)

@@ -4,6 +4,7 @@ use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::{Attention, KvCache, Mlp, RmsNorm, Rope};
+use crate::kv::{PagedAttentionOps, PagedBatch, PagedKv};
 
 /// A Llama decoder block.
 #[derive(Module, Debug)]
@@ -28,6 +29,25 @@ impl<B: Backend> Block<B> {
             + self
                 .attn
                 .forward(self.attn_norm.forward(x), rope, cache, layer, start);
+        h.clone() + self.mlp.forward(self.ffn_norm.forward(h))
+    }
+
+    /// Runs the block on the rows of a ragged batch over the paged cache.
+    pub fn forward_paged(
+        &self,
+        x: Tensor<B, 2>,
+        rope: &Rope<B>,
+        kv: &mut PagedKv<B>,
+        batch: &PagedBatch<B>,
+        layer: usize,
+    ) -> Tensor<B, 2>
+    where
+        B: PagedAttentionOps,
+    {
+        let h = x.clone()
+            + self
+                .attn
+                .forward_paged(self.attn_norm.forward(x), rope, kv, batch, layer);
         h.clone() + self.mlp.forward(self.ffn_norm.forward(h))
     }
 }

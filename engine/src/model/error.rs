@@ -19,4 +19,6 @@ pub enum ModelError {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("empty input: at least one token is needed")]
     EmptyInput,
+    #[error(transparent)]
+    Kv(#[from] crate::kv::KvError),
 }

@@ -4,6 +4,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{Block, KvCache, Linear, LlamaConfig, ModelError, RmsNorm, Rope};
+use crate::kv::{KvCapacity, KvDims, PagedAttentionOps, PagedKv, SeqId, TierPolicy};
 
 /// Which positions get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,6 +13,13 @@ pub enum Logits {
     Last,
     /// Every position (scoring, perplexity, speculative verification).
     All,
+}
+
+/// New tokens of one sequence in a ragged batch.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqTokens<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
 }
 
 /// The network's parameters.
@@ -53,25 +61,9 @@ impl<B: Backend> LlamaModel<B> {
         cache: &mut KvCache<B>,
         logits: Logits,
     ) -> Result<Tensor<B, 2>, ModelError> {
-        let vocab = self.config.vocab_size;
-        if tokens.is_empty() {
-            return Err(ModelError::EmptyInput);
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::TokenOutOfRange { id, vocab });
-        }
         let start = cache.len();
-        let needed = start + tokens.len();
-        if needed > self.config.max_seq_len {
-            return Err(ModelError::ContextOverflow {
-                needed,
-                limit: self.config.max_seq_len,
-            });
-        }
-        let device = self.device();
-        let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [tokens.len()]), &device);
-        let mut x = self.net.embedding.val().select(1, ids).transpose();
+        self.check(tokens, start)?;
+        let mut x = self.embed(tokens.iter().copied());
         for (layer, block) in self.net.blocks.iter().enumerate() {
             x = block.forward(x, &self.rope, cache, layer, start);
         }
@@ -79,10 +71,97 @@ impl<B: Backend> LlamaModel<B> {
         if logits == Logits::Last {
             x = x.narrow(0, tokens.len() - 1, 1);
         }
+        Ok(self.output(x))
+    }
+
+    /// A paged KV cache for this model with `capacity` blocks aged by `policy`.
+    pub fn new_paged_cache(&self, capacity: KvCapacity, policy: TierPolicy) -> PagedKv<B> {
+        PagedKv::new(self.kv_dims(), capacity, policy, &self.device())
+    }
+
+    /// The dimensions a KV cache of this model stores.
+    pub fn kv_dims(&self) -> KvDims {
+        KvDims {
+            n_layers: self.config.n_layers,
+            n_kv_heads: self.config.n_kv_heads,
+            head_dim: self.config.head_dim(),
+        }
+    }
+
+    /// Runs a ragged batch: each sequence's new tokens continue what `kv` holds for it.
+    /// Returns logits `[rows, vocab]`: with [`Logits::Last`] one row per sequence (its last
+    /// token), with [`Logits::All`] every new token in batch order. Running out of KV
+    /// blocks is [`ModelError::Kv`] and leaves every sequence as it was.
+    pub fn forward_batch(
+        &self,
+        batch: &[SeqTokens<'_>],
+        kv: &mut PagedKv<B>,
+        logits: Logits,
+    ) -> Result<Tensor<B, 2>, ModelError>
+    where
+        B: PagedAttentionOps,
+    {
+        if batch.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        for s in batch {
+            self.check(s.tokens, kv.len(s.seq)?)?;
+        }
+        let parts: Vec<_> = batch.iter().map(|s| (s.seq, s.tokens.len())).collect();
+        let paged = kv.prepare(&parts)?;
+        let mut x = self.embed(batch.iter().flat_map(|s| s.tokens.iter().copied()));
+        for (layer, block) in self.net.blocks.iter().enumerate() {
+            x = block.forward_paged(x, &self.rope, kv, &paged, layer);
+        }
+        kv.commit(&parts)?;
+        if logits == Logits::Last {
+            let last: Vec<i64> = paged
+                .seqs
+                .iter()
+                .map(|s| (s.row_start + s.rows - 1) as i64)
+                .collect();
+            let n = last.len();
+            x = x.select(
+                0,
+                Tensor::from_data(TensorData::new(last, [n]), &self.device()),
+            );
+        }
+        Ok(self.output(x))
+    }
+
+    /// Checks `tokens` continuing a sequence of `start` tokens.
+    fn check(&self, tokens: &[u32], start: usize) -> Result<(), ModelError> {
+        let vocab = self.config.vocab_size;
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::TokenOutOfRange { id, vocab });
+        }
+        let needed = start + tokens.len();
+        if needed > self.config.max_seq_len {
+            return Err(ModelError::ContextOverflow {
+                needed,
+                limit: self.config.max_seq_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// Embeddings `[tokens, d_model]` of checked token ids.
+    fn embed(&self, tokens: impl Iterator<Item = u32>) -> Tensor<B, 2> {
+        let ids: Vec<i64> = tokens.map(i64::from).collect();
+        let n = ids.len();
+        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), &self.device());
+        self.net.embedding.val().select(1, ids).transpose()
+    }
+
+    /// Final norm and output layer.
+    fn output(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let x = self.net.norm.forward(x);
-        Ok(match &self.net.output {
+        match &self.net.output {
             Some(out) => out.forward(x),
             None => x.matmul(self.net.embedding.val()),
-        })
+        }
     }
 }

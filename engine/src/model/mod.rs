@@ -15,13 +15,14 @@ mod rope;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use attention::attend;
 pub use attention::Attention;
 pub use block::Block;
 pub use config::LlamaConfig;
 pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use linear::Linear;
-pub use llama::{Llama, LlamaModel, Logits};
+pub use llama::{Llama, LlamaModel, Logits, SeqTokens};
 pub use mlp::Mlp;
 pub use rms_norm::RmsNorm;
 pub use rope::Rope;

@@ -1,7 +1,7 @@
 //! Rotary position embedding in GGUF's layout: rotated pairs are adjacent dimensions
 //! (2i, 2i+1), because llama.cpp's converter permutes the Q and K weights for it.
 
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
 /// Precomputed cos/sin tables for every position of the context.
 #[derive(Debug, Clone)]
@@ -35,21 +35,47 @@ impl<B: Backend> Rope<B> {
     pub fn apply(&self, x: Tensor<B, 3>, start: usize) -> Tensor<B, 3> {
         let [heads, tokens, head_dim] = x.dims();
         let half = head_dim / 2;
-        let cos = self
-            .cos
-            .clone()
-            .narrow(0, start, tokens)
-            .reshape([1, tokens, half, 1]);
-        let sin = self
-            .sin
-            .clone()
-            .narrow(0, start, tokens)
-            .reshape([1, tokens, half, 1]);
-        let pairs = x.reshape([heads, tokens, half, 2]);
-        let a = pairs.clone().narrow(3, 0, 1);
-        let b = pairs.narrow(3, 1, 1);
-        let ra = a.clone().mul(cos.clone()).sub(b.clone().mul(sin.clone()));
-        let rb = a.mul(sin).add(b.mul(cos));
-        Tensor::cat(vec![ra, rb], 3).reshape([heads, tokens, head_dim])
+        let table = |t: &Tensor<B, 2>| {
+            t.clone()
+                .narrow(0, start, tokens)
+                .reshape([1, tokens, half, 1])
+        };
+        rotate(
+            x.reshape([heads, tokens, half, 2]),
+            table(&self.cos),
+            table(&self.sin),
+        )
+        .reshape([heads, tokens, head_dim])
     }
+
+    /// Rotates `x` of shape `[rows, heads * head_dim]` whose row `r` is at `positions[r]`.
+    pub fn apply_rows(
+        &self,
+        x: Tensor<B, 2>,
+        heads: usize,
+        positions: Tensor<B, 1, Int>,
+    ) -> Tensor<B, 2> {
+        let [rows, width] = x.dims();
+        let half = width / heads / 2;
+        let table = |t: &Tensor<B, 2>| {
+            t.clone()
+                .select(0, positions.clone())
+                .reshape([rows, 1, half, 1])
+        };
+        rotate(
+            x.reshape([rows, heads, half, 2]),
+            table(&self.cos),
+            table(&self.sin),
+        )
+        .reshape([rows, width])
+    }
+}
+
+/// Rotates adjacent pairs (last axis) by the angles whose cos/sin broadcast against them.
+fn rotate<B: Backend>(pairs: Tensor<B, 4>, cos: Tensor<B, 4>, sin: Tensor<B, 4>) -> Tensor<B, 4> {
+    let a = pairs.clone().narrow(3, 0, 1);
+    let b = pairs.narrow(3, 1, 1);
+    let ra = a.clone().mul(cos.clone()).sub(b.clone().mul(sin.clone()));
+    let rb = a.mul(sin).add(b.mul(cos));
+    Tensor::cat(vec![ra, rb], 3)
 }

@@ -1,0 +1,87 @@
+//! A ragged batch as the attention kernels see it: rows of many sequences, their block
+//! tables, and where each new token's keys and values are written.
+
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+
+use super::{store::ids, BLOCK_TOKENS};
+
+/// One sequence's part of a batch.
+#[derive(Debug, Clone)]
+pub struct BatchSeq {
+    /// First row of this sequence in the batch's `[rows, ..]` activations.
+    pub row_start: usize,
+    /// New tokens (rows) of this sequence.
+    pub rows: usize,
+    /// Position of the first new token (tokens already cached).
+    pub start: usize,
+    /// Block-table entries (`tier << 28 | slot`), covering `start + rows` tokens.
+    pub table: Vec<u32>,
+}
+
+impl BatchSeq {
+    /// Keys visible to this sequence's last row.
+    pub fn total(&self) -> usize {
+        self.start + self.rows
+    }
+}
+
+/// Host and device descriptions of one forward pass over the paged cache.
+#[derive(Debug, Clone)]
+pub struct PagedBatch<B: Backend> {
+    pub seqs: Vec<BatchSeq>,
+    /// Use the CubeCL kernels where the backend has them (else the burn reference path).
+    pub kernels: bool,
+    /// FP32 arena row of each new token.
+    pub write_rows: Tensor<B, 1, Int>,
+    /// Position of each row (for RoPE).
+    pub positions: Tensor<B, 1, Int>,
+    /// `[n_seqs, max_blocks]` block tables, zero-padded.
+    pub tables: Tensor<B, 2, Int>,
+    pub max_blocks: usize,
+    /// Sequence index of each row (decode kernel).
+    pub row_seq: Tensor<B, 1, Int>,
+    /// Query tiles of at most 32 rows: sequence, first row, first position, rows.
+    pub tiles: [Tensor<B, 1, Int>; 4],
+    /// Whether every sequence has exactly one new row.
+    pub decode_only: bool,
+}
+
+impl<B: Backend> PagedBatch<B> {
+    /// Uploads the description of `seqs` with their FP32 `write_rows`.
+    pub fn new(seqs: Vec<BatchSeq>, write_rows: &[u32], kernels: bool, device: &B::Device) -> Self {
+        let max_blocks = seqs.iter().map(|s| s.table.len()).max().unwrap_or(1).max(1);
+        let mut tables = vec![0u32; seqs.len() * max_blocks];
+        let mut positions = Vec::new();
+        let mut row_seq = Vec::new();
+        let mut tiles: [Vec<u32>; 4] = Default::default();
+        for (i, s) in seqs.iter().enumerate() {
+            tables[i * max_blocks..i * max_blocks + s.table.len()].copy_from_slice(&s.table);
+            positions.extend((s.start..s.total()).map(|p| p as u32));
+            row_seq.extend(std::iter::repeat_n(i as u32, s.rows));
+            for first in (0..s.rows).step_by(BLOCK_TOKENS) {
+                tiles[0].push(i as u32);
+                tiles[1].push((s.row_start + first) as u32);
+                tiles[2].push((s.start + first) as u32);
+                tiles[3].push((s.rows - first).min(BLOCK_TOKENS) as u32);
+            }
+        }
+        let v: Vec<i64> = tables.iter().map(|&x| i64::from(x)).collect();
+        let tables = Tensor::from_data(TensorData::new(v, [seqs.len(), max_blocks]), device);
+        Self {
+            decode_only: seqs.iter().all(|s| s.rows == 1),
+            kernels,
+            write_rows: ids(write_rows, device),
+            positions: ids(&positions, device),
+            tables,
+            max_blocks,
+            row_seq: ids(&row_seq, device),
+            tiles: tiles.map(|t| ids(&t, device)),
+            seqs,
+        }
+    }
+
+    /// Rows of the batch.
+    pub fn rows(&self) -> usize {
+        self.seqs.iter().map(|s| s.rows).sum()
+    }
+}

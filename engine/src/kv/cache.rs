@@ -1,0 +1,100 @@
+//! The paged KV cache as the model uses it: the pool's bookkeeping plus the device arenas.
+
+use burn::tensor::backend::Backend;
+
+use super::{
+    BatchSeq, BlockPool, KvCapacity, KvDims, KvError, KvStats, KvStore, PagedBatch, SeqId, Tier,
+    TierPolicy,
+};
+
+/// Block pool and arenas, allocated once.
+#[derive(Debug)]
+pub struct PagedKv<B: Backend> {
+    pub pool: BlockPool,
+    pub store: KvStore<B>,
+    /// Attend with our kernels where the backend has them (`false`: burn reference path).
+    pub kernels: bool,
+}
+
+impl<B: Backend> PagedKv<B> {
+    /// A pool of `capacity` blocks for a model of `dims` on `device`.
+    pub fn new(dims: KvDims, capacity: KvCapacity, policy: TierPolicy, device: &B::Device) -> Self {
+        Self {
+            pool: BlockPool::new(capacity, policy),
+            store: KvStore::new(dims, capacity, device),
+            kernels: true,
+        }
+    }
+
+    /// Registers an empty sequence.
+    pub fn add_sequence(&mut self) -> SeqId {
+        self.pool.add_sequence()
+    }
+
+    /// Frees a sequence's blocks (clearing the slots on the device for their next user).
+    pub fn free_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
+        let freed = self.pool.free_sequence(seq)?;
+        self.store.clear(&freed);
+        Ok(())
+    }
+
+    /// Tokens cached for `seq`.
+    pub fn len(&self, seq: SeqId) -> Result<usize, KvError> {
+        self.pool.len(seq)
+    }
+
+    /// The pool's figures.
+    pub fn stats(&self) -> KvStats {
+        self.pool.stats()
+    }
+
+    /// Reserves room for `new` tokens of each `(sequence, new)` (all or nothing) and
+    /// describes the batch for the forward pass.
+    pub fn prepare(&mut self, parts: &[(SeqId, usize)]) -> Result<PagedBatch<B>, KvError> {
+        let mut needed = 0;
+        for &(seq, new) in parts {
+            needed += self.pool.blocks_needed(seq, new)?;
+        }
+        let free = self.pool.free_blocks(Tier::F32);
+        if needed > free {
+            return Err(KvError::OutOfBlocks {
+                tier: Tier::F32,
+                needed,
+                free,
+            });
+        }
+        let mut seqs = Vec::with_capacity(parts.len());
+        let mut rows = Vec::new();
+        let mut row_start = 0;
+        for &(seq, new) in parts {
+            self.pool.reserve(seq, new)?;
+            let start = self.pool.len(seq)?;
+            rows.extend(self.pool.write_rows(seq, start, new)?);
+            seqs.push(BatchSeq {
+                row_start,
+                rows: new,
+                start,
+                table: self.pool.table(seq)?,
+            });
+            row_start += new;
+        }
+        Ok(PagedBatch::new(
+            seqs,
+            &rows,
+            self.kernels,
+            self.store.device(),
+        ))
+    }
+
+    /// Records that the batch's tokens were written, and converts blocks that aged.
+    pub fn commit(&mut self, parts: &[(SeqId, usize)]) -> Result<(), KvError> {
+        let mut moves = Vec::new();
+        for &(seq, new) in parts {
+            moves.extend(self.pool.advance(seq, new)?);
+        }
+        if !moves.is_empty() {
+            self.store.apply_moves(&moves);
+        }
+        Ok(())
+    }
+}

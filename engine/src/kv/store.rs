@@ -1,0 +1,372 @@
+//! The device arenas of the KV pool: per layer, keys and values of every tier, allocated
+//! once; new tokens are written in place and aged blocks converted between tiers.
+//!
+//! Free slots are kept all zero, so a write is `select_add` into zeros (burn 0.21 has no
+//! assigning scatter), which is exact; a freed slot is cleared by adding its negation.
+
+use burn::tensor::{backend::Backend, IndexingUpdateOp, Int, Tensor, TensorData};
+
+use super::{pack, KvCapacity, KvDims, Move, Tier, BLOCK_TOKENS};
+
+/// Keys or values of one layer, one arena per tier (layout in `fornax_shaders`).
+#[derive(Debug, Clone)]
+pub struct TierArena<B: Backend> {
+    /// `[slots * 32, n_kv * head_dim]` floats.
+    pub f32_rows: Tensor<B, 2>,
+    /// `[slots * 32, n_kv * head_dim / 2]` words of two halves.
+    pub f16_rows: Tensor<B, 2, Int>,
+    /// `[slots, n_kv]`.
+    pub f16_scales: Tensor<B, 2>,
+    /// `[slots * 32, n_kv * head_dim / 4]` words of four signed bytes.
+    pub i8_rows: Tensor<B, 2, Int>,
+    /// `[slots, n_kv]`.
+    pub i8_scales: Tensor<B, 2>,
+}
+
+/// Keys and values of one layer.
+#[derive(Debug, Clone)]
+pub struct LayerKv<B: Backend> {
+    pub keys: TierArena<B>,
+    pub values: TierArena<B>,
+}
+
+/// Every layer's arenas.
+#[derive(Debug)]
+pub struct KvStore<B: Backend> {
+    layers: Vec<LayerKv<B>>,
+    dims: KvDims,
+    device: B::Device,
+}
+
+impl<B: Backend> TierArena<B> {
+    fn new(dims: KvDims, capacity: KvCapacity, device: &B::Device) -> Self {
+        // A tier without slots keeps one dummy slot so every binding is a real buffer.
+        let slots = |t: Tier| capacity.slots[t.index()].max(1);
+        let width = |t: Tier| dims.n_kv_heads * t.words(dims.head_dim);
+        let rows = |t: Tier| slots(t) * BLOCK_TOKENS;
+        Self {
+            f32_rows: Tensor::zeros([rows(Tier::F32), width(Tier::F32)], device),
+            f16_rows: Tensor::zeros([rows(Tier::F16), width(Tier::F16)], device),
+            f16_scales: Tensor::zeros([slots(Tier::F16), dims.n_kv_heads], device),
+            i8_rows: Tensor::zeros([rows(Tier::I8), width(Tier::I8)], device),
+            i8_scales: Tensor::zeros([slots(Tier::I8), dims.n_kv_heads], device),
+        }
+    }
+
+    fn rows(&self, tier: Tier) -> Option<Tensor<B, 2, Int>> {
+        match tier {
+            Tier::F32 => None,
+            Tier::F16 => Some(self.f16_rows.clone()),
+            Tier::I8 => Some(self.i8_rows.clone()),
+        }
+    }
+
+    fn scales(&self, tier: Tier) -> Tensor<B, 2> {
+        match tier {
+            Tier::I8 => self.i8_scales.clone(),
+            _ => self.f16_scales.clone(),
+        }
+    }
+}
+
+impl<B: Backend> KvStore<B> {
+    /// Zeroed arenas for `capacity` on `device`.
+    pub fn new(dims: KvDims, capacity: KvCapacity, device: &B::Device) -> Self {
+        let layers = (0..dims.n_layers)
+            .map(|_| LayerKv {
+                keys: TierArena::new(dims, capacity, device),
+                values: TierArena::new(dims, capacity, device),
+            })
+            .collect();
+        Self {
+            layers,
+            dims,
+            device: device.clone(),
+        }
+    }
+
+    /// The arenas of `layer`.
+    pub fn layer(&self, layer: usize) -> &LayerKv<B> {
+        &self.layers[layer]
+    }
+
+    /// The device of the arenas.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// Dimensions stored.
+    pub fn dims(&self) -> KvDims {
+        self.dims
+    }
+
+    /// Writes keys and values `[rows, n_kv * head_dim]` of `layer` into FP32 arena `rows`.
+    pub fn write(
+        &mut self,
+        layer: usize,
+        rows: Tensor<B, 1, Int>,
+        keys: Tensor<B, 2>,
+        values: Tensor<B, 2>,
+    ) {
+        let kv = &mut self.layers[layer];
+        kv.keys.f32_rows = add_rows(kv.keys.f32_rows.clone(), &rows, keys);
+        kv.values.f32_rows = add_rows(kv.values.f32_rows.clone(), &rows, values);
+    }
+
+    /// Zeroes freed `slots` in every layer so they can be written again.
+    pub fn clear(&mut self, slots: &[(Tier, u32)]) {
+        for tier in Tier::ALL {
+            let group: Vec<u32> = slots.iter().filter(|s| s.0 == tier).map(|s| s.1).collect();
+            if group.is_empty() {
+                continue;
+            }
+            let rows = block_rows::<B>(&group, &self.device);
+            let slot_ids = ids::<B>(&group, &self.device);
+            let clear = |t: Tensor<B, 2>, idx: &Tensor<B, 1, Int>| {
+                let old = t.clone().select(0, idx.clone());
+                add_rows(t, idx, old.neg())
+            };
+            let clear_int = |t: Tensor<B, 2, Int>, idx: &Tensor<B, 1, Int>| {
+                let old = t.clone().select(0, idx.clone());
+                t.select_assign(0, idx.clone(), old.neg(), IndexingUpdateOp::Add)
+            };
+            for layer in &mut self.layers {
+                for arena in [&mut layer.keys, &mut layer.values] {
+                    match tier {
+                        Tier::F32 => arena.f32_rows = clear(arena.f32_rows.clone(), &rows),
+                        Tier::F16 => {
+                            arena.f16_rows = clear_int(arena.f16_rows.clone(), &rows);
+                            arena.f16_scales = clear(arena.f16_scales.clone(), &slot_ids);
+                        }
+                        Tier::I8 => {
+                            arena.i8_rows = clear_int(arena.i8_rows.clone(), &rows);
+                            arena.i8_scales = clear(arena.i8_scales.clone(), &slot_ids);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Converts blocks as the pool decided: reads every source block back (one read per
+    /// source tier for all layers), clears the sources, then re-encodes each block on the
+    /// host and writes it into its new slot. Reading everything first matters: a slot freed
+    /// by one move may be the destination of another.
+    pub fn apply_moves(&mut self, moves: &[Move]) {
+        let mut read = Vec::new();
+        for source in Tier::ALL {
+            let group: Vec<Move> = moves
+                .iter()
+                .copied()
+                .filter(|m| m.from.0 == source)
+                .collect();
+            if !group.is_empty() {
+                let slots: Vec<u32> = group.iter().map(|m| m.from.1).collect();
+                read.push((self.read_blocks(source, &slots), group));
+            }
+        }
+        let freed: Vec<(Tier, u32)> = moves.iter().map(|m| m.from).collect();
+        self.clear(&freed);
+        for (values, group) in &read {
+            for dest in Tier::ALL {
+                let picks: Vec<usize> = (0..group.len())
+                    .filter(|&i| group[i].to.0 == dest)
+                    .collect();
+                if !picks.is_empty() {
+                    self.write_blocks(dest, group, &picks, values);
+                }
+            }
+        }
+    }
+
+    /// Values of blocks `slots` of `tier` as floats, indexed
+    /// `[layer][k or v][block][token][n_kv * head_dim]` and flattened.
+    fn read_blocks(&self, tier: Tier, slots: &[u32]) -> Vec<f32> {
+        let rows = block_rows::<B>(slots, &self.device);
+        let arenas = self.layers.iter().flat_map(|l| [&l.keys, &l.values]);
+        let width = self.dims.n_kv_heads * tier.words(self.dims.head_dim);
+        match tier {
+            Tier::F32 => {
+                let parts: Vec<_> = arenas
+                    .map(|a| a.f32_rows.clone().select(0, rows.clone()))
+                    .collect();
+                to_f32(Tensor::cat(parts, 0))
+            }
+            _ => {
+                let arenas: Vec<_> = arenas.collect();
+                let words: Vec<_> = arenas
+                    .iter()
+                    .map(|a| a.rows(tier).expect("scaled").select(0, rows.clone()))
+                    .collect();
+                let slot_ids = ids::<B>(slots, &self.device);
+                let scales: Vec<_> = arenas
+                    .iter()
+                    .map(|a| a.scales(tier).select(0, slot_ids.clone()))
+                    .collect();
+                let words: Vec<u32> = Tensor::cat(words, 0)
+                    .into_data()
+                    .convert::<i64>()
+                    .into_vec::<i64>()
+                    .expect("int data")
+                    .into_iter()
+                    .map(|w| w as u32)
+                    .collect();
+                let scales = to_f32(Tensor::cat(scales, 0));
+                let hd_words = tier.words(self.dims.head_dim);
+                let mut out = Vec::with_capacity(words.len() * self.dims.head_dim / hd_words);
+                for (r, row) in words.chunks(width).enumerate() {
+                    let block = r / BLOCK_TOKENS;
+                    for (h, head) in row.chunks(hd_words).enumerate() {
+                        let scale = scales[block * self.dims.n_kv_heads + h];
+                        out.extend(match tier {
+                            Tier::F16 => pack::decode_f16(head, scale),
+                            _ => pack::decode_i8(head, scale),
+                        });
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// Encodes blocks `picks` of `group` (values from [`read_blocks`](Self::read_blocks))
+    /// into their destination slots of `tier`.
+    fn write_blocks(&mut self, tier: Tier, group: &[Move], picks: &[usize], values: &[f32]) {
+        let dims = self.dims;
+        let hd = dims.head_dim;
+        let row_len = dims.n_kv_heads * hd;
+        let block_len = BLOCK_TOKENS * row_len;
+        let per_arena = group.len() * block_len;
+        let dest_slots: Vec<u32> = picks.iter().map(|&i| group[i].to.1).collect();
+        let rows = block_rows::<B>(&dest_slots, &self.device);
+        let slot_ids = ids::<B>(&dest_slots, &self.device);
+        let width = dims.n_kv_heads * tier.words(hd);
+        for (a, layer) in self.layers.iter_mut().enumerate() {
+            for (which, arena) in [&mut layer.keys, &mut layer.values].into_iter().enumerate() {
+                let base = (2 * a + which) * per_arena;
+                let blocks: Vec<&[f32]> = picks
+                    .iter()
+                    .map(|&i| &values[base + i * block_len..base + (i + 1) * block_len])
+                    .collect();
+                if tier == Tier::F32 {
+                    let data: Vec<f32> = blocks.concat();
+                    let t = Tensor::from_data(
+                        TensorData::new(data, [picks.len() * BLOCK_TOKENS, row_len]),
+                        &self.device,
+                    );
+                    arena.f32_rows = add_rows(arena.f32_rows.clone(), &rows, t);
+                    continue;
+                }
+                let mut words = vec![0i64; picks.len() * BLOCK_TOKENS * width];
+                let mut scales = Vec::with_capacity(picks.len() * dims.n_kv_heads);
+                for (b, block) in blocks.iter().enumerate() {
+                    for h in 0..dims.n_kv_heads {
+                        let head: Vec<f32> = (0..BLOCK_TOKENS)
+                            .flat_map(|t| {
+                                block[t * row_len + h * hd..t * row_len + (h + 1) * hd]
+                                    .iter()
+                                    .copied()
+                            })
+                            .collect();
+                        let (scale, packed) = match tier {
+                            Tier::F16 => {
+                                let s = pack::f16_scale(&head);
+                                (s, pack::encode_f16(&head, s))
+                            }
+                            _ => {
+                                let s = pack::i8_scale(&head);
+                                (s, pack::encode_i8(&head, s))
+                            }
+                        };
+                        scales.push(scale);
+                        let w = tier.words(hd);
+                        for t in 0..BLOCK_TOKENS {
+                            let dst = (b * BLOCK_TOKENS + t) * width + h * w;
+                            for (i, &word) in packed[t * w..(t + 1) * w].iter().enumerate() {
+                                // Stored as the signed reading of the bits, which every
+                                // integer element type (i32, i64) holds exactly.
+                                words[dst + i] = i64::from(word as i32);
+                            }
+                        }
+                    }
+                }
+                let words = Tensor::<B, 2, Int>::from_data(
+                    TensorData::new(words, [picks.len() * BLOCK_TOKENS, width]),
+                    &self.device,
+                );
+                let scales = Tensor::<B, 2>::from_data(
+                    TensorData::new(scales, [picks.len(), dims.n_kv_heads]),
+                    &self.device,
+                );
+                let assign_rows = |t: Tensor<B, 2, Int>| {
+                    t.select_assign(0, rows.clone(), words.clone(), IndexingUpdateOp::Add)
+                };
+                let assign_scales = |t: Tensor<B, 2>| add_rows(t, &slot_ids, scales.clone());
+                match tier {
+                    Tier::F16 => {
+                        arena.f16_rows = assign_rows(arena.f16_rows.clone());
+                        arena.f16_scales = assign_scales(arena.f16_scales.clone());
+                    }
+                    _ => {
+                        arena.i8_rows = assign_rows(arena.i8_rows.clone());
+                        arena.i8_scales = assign_scales(arena.i8_scales.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Device bytes held by the arenas (including dummy slots of empty tiers).
+    pub fn bytes(&self) -> usize {
+        let arena = |a: &TierArena<B>| {
+            [
+                a.f32_rows.shape().num_elements(),
+                a.f16_rows.shape().num_elements(),
+                a.f16_scales.shape().num_elements(),
+                a.i8_rows.shape().num_elements(),
+                a.i8_scales.shape().num_elements(),
+            ]
+            .iter()
+            .sum::<usize>()
+                * 4
+        };
+        self.layers
+            .iter()
+            .map(|l| arena(&l.keys) + arena(&l.values))
+            .sum()
+    }
+}
+
+/// `arena` with `values` added to rows `rows` (a write, as free rows are zero).
+fn add_rows<B: Backend>(
+    arena: Tensor<B, 2>,
+    rows: &Tensor<B, 1, Int>,
+    values: Tensor<B, 2>,
+) -> Tensor<B, 2> {
+    arena.select_assign(0, rows.clone(), values, IndexingUpdateOp::Add)
+}
+
+/// Arena rows of every token of blocks `slots`, in order.
+pub(crate) fn block_rows<B: Backend>(slots: &[u32], device: &B::Device) -> Tensor<B, 1, Int> {
+    let rows: Vec<i64> = slots
+        .iter()
+        .flat_map(|&s| {
+            (0..BLOCK_TOKENS as i64).map(move |t| i64::from(s) * BLOCK_TOKENS as i64 + t)
+        })
+        .collect();
+    let n = rows.len();
+    Tensor::from_data(TensorData::new(rows, [n]), device)
+}
+
+/// A 1-D index tensor.
+pub(crate) fn ids<B: Backend>(values: &[u32], device: &B::Device) -> Tensor<B, 1, Int> {
+    let v: Vec<i64> = values.iter().map(|&x| i64::from(x)).collect();
+    Tensor::from_data(TensorData::new(v, [values.len()]), device)
+}
+
+fn to_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("f32 data")
+}

@@ -1,0 +1,402 @@
+//! Attention over the paged KV cache, written once in CubeCL.
+//!
+//! Layout shared with `fornax_engine::kv`: each precision tier of a layer is an arena of
+//! rows `slot * 32 + offset` (one row per token) and columns `kv_head * width + i`:
+//! FP32 stores `head_dim` floats per head, FP16 stores `head_dim / 2` words per head (two
+//! halves per `u32`, the even dimension in the low bits, as `unpack2x16float` reads them),
+//! INT8 stores `head_dim / 4` words per head (dimension `4w + b` in byte `b`, two's
+//! complement). FP16 and INT8 blocks carry one FP32 scale per (slot, kv head).
+//!
+//! A block-table entry is `tier << 28 | slot` (tier 0 FP32, 1 FP16, 2 INT8). Scores,
+//! softmax and the output are FP32; the softmax is the online (running maximum) form so
+//! one pass over the tiles suffices.
+//!
+//! Loops with compile-time bounds are unrolled: besides speed, this keeps the loop
+//! iterations per invocation low, and llvmpipe (lavapipe) silently stops a shader's loops
+//! after 65,535 iterations (measured: the prefill kernel went wrong past about 400 keys
+//! before unrolling).
+//!
+//! Both kernels read K and V one tile (32 tokens x `head_dim`) at a time into workgroup
+//! memory, K then V through the same buffer, so a cube needs only `32 * head_dim * 4`
+//! bytes of it (8 KiB at `head_dim` 64), inside WebGPU's default 16 KiB.
+
+use cubecl::prelude::*;
+
+/// Tokens per KV block and per tile.
+pub const BLOCK_TOKENS: usize = 32;
+/// Bit position of the tier in a block-table entry.
+pub const TIER_SHIFT: u32 = 28;
+/// Mask of the slot in a block-table entry.
+pub const SLOT_MASK: u32 = (1 << TIER_SHIFT) - 1;
+/// A score low enough to vanish in `exp` without writing an infinity (WGSL has none).
+const NEG_BIG: f32 = -1.0e30;
+
+/// The K or V arenas of one layer, one per tier.
+#[derive(CubeLaunch, CubeType)]
+pub struct TierArenas {
+    /// FP32 rows, `head_dim` floats per head.
+    pub f32_rows: Array<f32>,
+    /// FP16 rows, two halves per word.
+    pub f16_rows: Array<u32>,
+    /// One scale per (FP16 slot, head).
+    pub f16_scales: Array<f32>,
+    /// INT8 rows, four bytes per word.
+    pub i8_rows: Array<u32>,
+    /// One scale per (INT8 slot, head).
+    pub i8_scales: Array<f32>,
+}
+
+/// Decodes an IEEE half stored in the low 16 bits of `h` (normals and subnormals exact).
+#[cube]
+pub fn half_to_f32(h: u32) -> f32 {
+    let e = (h >> 10) & 31;
+    let m = h & 1023;
+    let mut mantissa = f32::cast_from(m);
+    let mut exponent = e;
+    if e == 0 {
+        exponent = 1;
+    } else {
+        mantissa += 1024.0;
+    }
+    // 2^(exponent - 25) built from its bits: exponent - 25 + 127 is always a normal.
+    let pow = f32::reinterpret((exponent + 102) << 23);
+    let value = mantissa * pow;
+    if (h >> 15) & 1 == 1 {
+        -value
+    } else {
+        value
+    }
+}
+
+/// Loads token row `row` of kv head `head` from the arena of `tier` into `tile[dst..dst + hd]`,
+/// or zeros when `valid` is false (rows past the sequence may hold anything).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_row(
+    arenas: &TierArenas,
+    tier: u32,
+    slot: usize,
+    row: usize,
+    head: usize,
+    n_kv: usize,
+    valid: bool,
+    tile: &mut SharedMemory<f32>,
+    dst: usize,
+    #[comptime] hd: usize,
+) {
+    if !valid {
+        #[unroll]
+        for d in 0..hd {
+            tile[dst + d] = 0.0;
+        }
+    } else if tier == 0 {
+        let base = row * n_kv * hd + head * hd;
+        #[unroll]
+        for d in 0..hd {
+            tile[dst + d] = arenas.f32_rows[base + d];
+        }
+    } else if tier == 1 {
+        let words = comptime!(hd / 2);
+        let base = row * n_kv * words + head * words;
+        let scale = arenas.f16_scales[slot * n_kv + head];
+        #[unroll]
+        for w in 0..words {
+            let word = arenas.f16_rows[base + w];
+            tile[dst + 2 * w] = half_to_f32(word & 65535) * scale;
+            tile[dst + 2 * w + 1] = half_to_f32(word >> 16) * scale;
+        }
+    } else {
+        let words = comptime!(hd / 4);
+        let base = row * n_kv * words + head * words;
+        let scale = arenas.i8_scales[slot * n_kv + head];
+        #[unroll]
+        for w in 0..words {
+            let word = arenas.i8_rows[base + w];
+            #[unroll]
+            for b in 0..4u32 {
+                let byte = (word >> (8 * b)) & 255;
+                let signed = f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7);
+                tile[dst + 4 * w + b as usize] = signed * scale;
+            }
+        }
+    }
+}
+
+/// Decode attention: one query token per row, rows of many sequences in one dispatch.
+///
+/// Cube `(row, kv_head)`, 32 units. Unit `u` loads token `u` of each tile and scores it
+/// against the `group` query heads of this kv head; each unit then owns dimensions
+/// `u, u + 32, ..` of the output.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode(
+    q: &Array<f32>,
+    keys: &TierArenas,
+    values: &TierArenas,
+    tables: &Array<u32>,
+    row_seq: &Array<u32>,
+    row_pos: &Array<u32>,
+    out: &mut Array<f32>,
+    max_blocks: u32,
+    n_kv: u32,
+    softmax_scale: f32,
+    #[comptime] hd: usize,
+    #[comptime] group: usize,
+) {
+    let row = CUBE_POS_X as usize;
+    let head = CUBE_POS_Y as usize;
+    let unit = UNIT_POS_X as usize;
+    let n_kv = n_kv as usize;
+    let n_heads = n_kv * group;
+    let seq = row_seq[row] as usize;
+    let n_keys = row_pos[row] as usize + 1;
+    let per_unit = comptime!(hd.div_ceil(BLOCK_TOKENS));
+
+    let mut q_sh = SharedMemory::<f32>::new(group * hd);
+    let mut tile = SharedMemory::<f32>::new(BLOCK_TOKENS * hd);
+    let mut probs = SharedMemory::<f32>::new(group * BLOCK_TOKENS);
+
+    let q_base = row * n_heads * hd + head * group * hd;
+    let mut i = unit;
+    while i < group * hd {
+        q_sh[i] = q[q_base + i] * softmax_scale;
+        i += BLOCK_TOKENS;
+    }
+
+    let mut running_max = Array::<f32>::new(group);
+    let mut running_sum = Array::<f32>::new(group);
+    let mut acc = Array::<f32>::new(group * per_unit);
+    #[unroll]
+    for h in 0..group {
+        running_max[h] = f32::new(NEG_BIG);
+        running_sum[h] = 0.0;
+        #[unroll]
+        for j in 0..per_unit {
+            acc[h * per_unit + j] = 0.0;
+        }
+    }
+    sync_cube();
+
+    let n_tiles = n_keys.div_ceil(BLOCK_TOKENS);
+    for t in 0..n_tiles {
+        let entry = tables[seq * max_blocks as usize + t];
+        let tier = entry >> TIER_SHIFT;
+        let slot = (entry & SLOT_MASK) as usize;
+        let token = t * BLOCK_TOKENS + unit;
+        let valid = token < n_keys;
+        let arena_row = slot * BLOCK_TOKENS + unit;
+
+        load_row(
+            keys,
+            tier,
+            slot,
+            arena_row,
+            head,
+            n_kv,
+            valid,
+            &mut tile,
+            unit * hd,
+            hd,
+        );
+        sync_cube();
+        #[unroll]
+        for h in 0..group {
+            let mut score = 0.0;
+            #[unroll]
+            for d in 0..hd {
+                score += q_sh[h * hd + d] * tile[unit * hd + d];
+            }
+            if !valid {
+                score = f32::new(NEG_BIG);
+            }
+            probs[h * BLOCK_TOKENS + unit] = score;
+        }
+        sync_cube();
+        load_row(
+            values,
+            tier,
+            slot,
+            arena_row,
+            head,
+            n_kv,
+            valid,
+            &mut tile,
+            unit * hd,
+            hd,
+        );
+        sync_cube();
+
+        #[unroll]
+        for h in 0..group {
+            let mut tile_max = f32::new(NEG_BIG);
+            #[unroll]
+            for k in 0..BLOCK_TOKENS {
+                tile_max = f32::max(tile_max, probs[h * BLOCK_TOKENS + k]);
+            }
+            let new_max = f32::max(running_max[h], tile_max);
+            let correction = f32::exp(running_max[h] - new_max);
+            let mut sum = running_sum[h] * correction;
+            #[unroll]
+            for j in 0..per_unit {
+                acc[h * per_unit + j] *= correction;
+            }
+            #[unroll]
+            for k in 0..BLOCK_TOKENS {
+                let p = f32::exp(probs[h * BLOCK_TOKENS + k] - new_max);
+                sum += p;
+                #[unroll]
+                for j in 0..per_unit {
+                    let d = unit + j * BLOCK_TOKENS;
+                    if d < hd {
+                        acc[h * per_unit + j] += p * tile[k * hd + d];
+                    }
+                }
+            }
+            running_max[h] = new_max;
+            running_sum[h] = sum;
+        }
+        sync_cube();
+    }
+
+    #[unroll]
+    for h in 0..group {
+        #[unroll]
+        for j in 0..per_unit {
+            let d = unit + j * BLOCK_TOKENS;
+            if d < hd {
+                out[q_base + h * hd + d] = acc[h * per_unit + j] / running_sum[h];
+            }
+        }
+    }
+}
+
+/// Prefill attention: causal, up to 32 consecutive query tokens of one sequence per cube.
+///
+/// Cube `(query tile, query head)`, 32 units; unit `u` is query row `tile_row[t] + u`
+/// (at position `tile_pos[t] + u`) and keeps its running softmax and output in registers.
+/// The key tiles are read once per query tile and head.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn paged_prefill(
+    q: &Array<f32>,
+    keys: &TierArenas,
+    values: &TierArenas,
+    tables: &Array<u32>,
+    tile_seq: &Array<u32>,
+    tile_row: &Array<u32>,
+    tile_pos: &Array<u32>,
+    tile_len: &Array<u32>,
+    out: &mut Array<f32>,
+    max_blocks: u32,
+    n_kv: u32,
+    softmax_scale: f32,
+    #[comptime] hd: usize,
+    #[comptime] group: usize,
+) {
+    let qt = CUBE_POS_X as usize;
+    let q_head = CUBE_POS_Y as usize;
+    let head = q_head / group;
+    let unit = UNIT_POS_X as usize;
+    let n_kv = n_kv as usize;
+    let n_heads = n_kv * group;
+    let seq = tile_seq[qt] as usize;
+    let rows = tile_len[qt] as usize;
+    let active = unit < rows;
+    let my_pos = tile_pos[qt] as usize + unit;
+    // Keys every row of the tile may need: up to the last row's position.
+    let n_keys = tile_pos[qt] as usize + rows;
+    let row = tile_row[qt] as usize + unit;
+    let q_base = row * n_heads * hd + q_head * hd;
+
+    let mut tile = SharedMemory::<f32>::new(BLOCK_TOKENS * hd);
+    let mut q_reg = Array::<f32>::new(hd);
+    let mut acc = Array::<f32>::new(hd);
+    let mut scores = Array::<f32>::new(BLOCK_TOKENS);
+    #[unroll]
+    for d in 0..hd {
+        acc[d] = 0.0;
+        q_reg[d] = 0.0;
+        if active {
+            q_reg[d] = q[q_base + d] * softmax_scale;
+        }
+    }
+    let mut running_max = f32::new(NEG_BIG);
+    let mut running_sum = f32::new(0.0);
+
+    let n_tiles = n_keys.div_ceil(BLOCK_TOKENS);
+    for t in 0..n_tiles {
+        let entry = tables[seq * max_blocks as usize + t];
+        let tier = entry >> TIER_SHIFT;
+        let slot = (entry & SLOT_MASK) as usize;
+        let token = t * BLOCK_TOKENS + unit;
+        let valid = token < n_keys;
+        let arena_row = slot * BLOCK_TOKENS + unit;
+
+        load_row(
+            keys,
+            tier,
+            slot,
+            arena_row,
+            head,
+            n_kv,
+            valid,
+            &mut tile,
+            unit * hd,
+            hd,
+        );
+        sync_cube();
+        let mut tile_max = f32::new(NEG_BIG);
+        #[unroll]
+        for k in 0..BLOCK_TOKENS {
+            let mut score = f32::new(NEG_BIG);
+            if t * BLOCK_TOKENS + k <= my_pos {
+                score = 0.0;
+                #[unroll]
+                for d in 0..hd {
+                    score += q_reg[d] * tile[k * hd + d];
+                }
+            }
+            scores[k] = score;
+            tile_max = f32::max(tile_max, score);
+        }
+        sync_cube();
+        load_row(
+            values,
+            tier,
+            slot,
+            arena_row,
+            head,
+            n_kv,
+            valid,
+            &mut tile,
+            unit * hd,
+            hd,
+        );
+        sync_cube();
+        let new_max = f32::max(running_max, tile_max);
+        let correction = f32::exp(running_max - new_max);
+        running_sum *= correction;
+        #[unroll]
+        for d in 0..hd {
+            acc[d] *= correction;
+        }
+        #[unroll]
+        for k in 0..BLOCK_TOKENS {
+            let p = f32::exp(scores[k] - new_max);
+            running_sum += p;
+            #[unroll]
+            for d in 0..hd {
+                acc[d] += p * tile[k * hd + d];
+            }
+        }
+        running_max = new_max;
+        sync_cube();
+    }
+
+    if active {
+        #[unroll]
+        for d in 0..hd {
+            out[q_base + d] = acc[d] / running_sum;
+        }
+    }
+}
