@@ -2,8 +2,9 @@
 
 use burn::tensor::{backend::Backend, Tensor};
 
-use crate::model::{KvCache, LlamaModel, Logits, ModelError};
+use crate::model::{LlamaModel, Logits, ModelError};
 use crate::sampling::{Sampler, SamplingParams};
+use crate::seq_cache::SeqCache;
 
 /// Settings of one generation.
 #[derive(Debug, Clone)]
@@ -41,37 +42,48 @@ pub fn logits_to_vec<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
 pub fn prefill<B: Backend>(
     model: &LlamaModel<B>,
     prompt: &[u32],
-    cache: &mut KvCache<B>,
+    cache: &mut impl SeqCache<B>,
     chunk: usize,
 ) -> Result<Vec<f32>, ModelError> {
     if prompt.is_empty() {
         return Err(ModelError::EmptyInput);
     }
     let limit = model.config.max_seq_len;
-    if cache.len() + prompt.len() >= limit {
+    if cache.cached() + prompt.len() >= limit {
         return Err(ModelError::ContextOverflow {
-            needed: cache.len() + prompt.len() + 1,
+            needed: cache.cached() + prompt.len() + 1,
             limit,
         });
     }
     let mut last = None;
     for part in prompt.chunks(chunk.max(1)) {
-        last = Some(model.forward(part, cache, Logits::Last)?);
+        last = Some(cache.forward(model, part, Logits::Last)?);
     }
     Ok(logits_to_vec(last.expect("non-empty prompt")))
 }
 
-/// Generates up to `params.max_tokens` tokens after `prompt`, calling `on_token` with each
-/// one as it is sampled; `on_token` returns `false` to stop early. Returns the new tokens.
+/// Generates up to `params.max_tokens` tokens after `prompt` over a fresh contiguous
+/// cache, calling `on_token` with each one as it is sampled; `on_token` returns `false`
+/// to stop early. Returns the new tokens.
 pub fn generate<B: Backend>(
     model: &LlamaModel<B>,
     prompt: &[u32],
     params: &GenerateParams,
+    on_token: impl FnMut(u32) -> bool,
+) -> Result<Vec<u32>, ModelError> {
+    generate_in(model, &mut model.new_cache(), prompt, params, on_token)
+}
+
+/// [`generate`] continuing the sequence in `cache` (contiguous or paged).
+pub fn generate_in<B: Backend>(
+    model: &LlamaModel<B>,
+    cache: &mut impl SeqCache<B>,
+    prompt: &[u32],
+    params: &GenerateParams,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<Vec<u32>, ModelError> {
-    let mut cache = model.new_cache();
     let mut sampler = Sampler::new(params.sampling.clone());
-    let mut logits = prefill(model, prompt, &mut cache, params.prefill_chunk)?;
+    let mut logits = prefill(model, prompt, cache, params.prefill_chunk)?;
     let mut out = Vec::with_capacity(params.max_tokens);
     while out.len() < params.max_tokens {
         let token = sampler.sample(&logits);
@@ -79,10 +91,10 @@ pub fn generate<B: Backend>(
         if !on_token(token) || params.stop_ids.contains(&token) || out.len() == params.max_tokens {
             break;
         }
-        if cache.len() + 1 > model.config.max_seq_len {
+        if cache.cached() + 1 > model.config.max_seq_len {
             break;
         }
-        logits = logits_to_vec(model.forward(&[token], &mut cache, Logits::Last)?);
+        logits = logits_to_vec(cache.forward(model, &[token], Logits::Last)?);
     }
     Ok(out)
 }

@@ -2,7 +2,7 @@
 //! generation. Free of threads and file-system calls so it also builds for wasm32.
 
 mod backend;
-pub use backend::EngineBackend;
+pub use backend::{DeviceMemory, DeviceMemoryInfo, EngineBackend};
 pub mod gguf;
 pub mod kv;
 pub mod model;
@@ -10,5 +10,6 @@ pub mod sampling;
 pub mod tokenizer;
 
 mod generate;
-pub use generate::{generate, logits_to_vec, prefill, GenerateParams};
+pub use generate::{generate, generate_in, logits_to_vec, prefill, GenerateParams};
 pub mod score;
+pub mod seq_cache;

@@ -3,11 +3,22 @@
 use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor, TensorData};
 
 use crate::model::{LlamaModel, Logits, ModelError};
+use crate::seq_cache::SeqCache;
 
 /// Log-probabilities of `ids[1..]`, each given the tokens before it, computed in chunks
-/// of `chunk` tokens over the KV cache. Returns `ids.len() - 1` values.
+/// of `chunk` tokens over a contiguous KV cache. Returns `ids.len() - 1` values.
 pub fn token_logprobs<B: Backend>(
     model: &LlamaModel<B>,
+    ids: &[u32],
+    chunk: usize,
+) -> Result<Vec<f32>, ModelError> {
+    token_logprobs_in(model, &mut model.new_cache(), ids, chunk)
+}
+
+/// [`token_logprobs`] over an empty `cache` of any kind.
+pub fn token_logprobs_in<B: Backend>(
+    model: &LlamaModel<B>,
+    cache: &mut impl SeqCache<B>,
     ids: &[u32],
     chunk: usize,
 ) -> Result<Vec<f32>, ModelError> {
@@ -15,7 +26,6 @@ pub fn token_logprobs<B: Backend>(
         return Err(ModelError::EmptyInput);
     }
     let device = model.device();
-    let mut cache = model.new_cache();
     let mut out = Vec::with_capacity(ids.len() - 1);
     let inputs = &ids[..ids.len() - 1];
     for (i, part) in inputs.chunks(chunk.max(1)).enumerate() {
@@ -26,7 +36,7 @@ pub fn token_logprobs<B: Backend>(
             .collect();
         let targets =
             Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [part.len(), 1]), &device);
-        let logits = model.forward(part, &mut cache, Logits::All)?;
+        let logits = cache.forward(model, part, Logits::All)?;
         let picked = log_softmax(logits, 1).gather(1, targets);
         out.extend(crate::logits_to_vec(picked));
     }

@@ -12,6 +12,8 @@ mod pool;
 pub mod reference;
 mod stats;
 mod store;
+#[cfg(test)]
+mod tests;
 mod tier;
 
 pub use batch::{BatchSeq, PagedBatch};

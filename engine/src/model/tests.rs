@@ -155,3 +155,112 @@ fn config_comes_from_metadata() {
     assert_eq!((c.d_ff, c.max_seq_len, c.rope_theta), (128, 256, 5e5));
     assert!(c.tied_embeddings);
 }
+
+/// The paged cache (reference path on the CPU) gives the contiguous cache's logits for a
+/// ragged batch: three sequences of different lengths, prefilled in chunks then decoded
+/// together, across block boundaries.
+#[test]
+fn paged_batch_matches_contiguous_cache() {
+    use crate::kv::{KvCapacity, TierPolicy};
+    let model = tiny();
+    let prompts: [Vec<u32>; 3] = [
+        (0..40).map(|i| (i * 7 % 64) as u32).collect(),
+        vec![5, 9, 11],
+        (0..33).map(|i| (i * 13 % 61) as u32).collect(),
+    ];
+    let mut kv = model.new_paged_cache(KvCapacity::f32_only(16), TierPolicy::ALL_F32);
+    let seqs: Vec<_> = prompts.iter().map(|_| kv.add_sequence()).collect();
+    // Prefill in two ragged batches (chunks of up to 20 tokens), then 3 decode steps.
+    let mut paged: Vec<Vec<f32>> = vec![Vec::new(); 3];
+    for chunk in [0..20usize, 20..40] {
+        let parts: Vec<(usize, &[u32])> = prompts
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.len() > chunk.start)
+            .map(|(i, p)| (i, &p[chunk.start..chunk.end.min(p.len())]))
+            .collect();
+        let batch: Vec<SeqTokens> = parts
+            .iter()
+            .map(|&(i, tokens)| SeqTokens {
+                seq: seqs[i],
+                tokens,
+            })
+            .collect();
+        let logits = logits_to_vec(model.forward_batch(&batch, &mut kv, Logits::All).unwrap());
+        let mut at = 0;
+        for &(i, tokens) in &parts {
+            let n = tokens.len() * 64;
+            paged[i].extend_from_slice(&logits[at..at + n]);
+            at += n;
+        }
+    }
+    let steps = [[1u32, 2, 3], [4, 5, 6], [7, 8, 9]];
+    for step in steps {
+        let batch: Vec<SeqTokens> = (0..3)
+            .map(|i| SeqTokens {
+                seq: seqs[i],
+                tokens: &step[i..i + 1],
+            })
+            .collect();
+        let logits = logits_to_vec(model.forward_batch(&batch, &mut kv, Logits::Last).unwrap());
+        for i in 0..3 {
+            paged[i].extend_from_slice(&logits[i * 64..(i + 1) * 64]);
+        }
+    }
+    for i in 0..3 {
+        let mut ids = prompts[i].clone();
+        ids.extend(steps.iter().map(|s| s[i]));
+        let full = logits_to_vec(
+            model
+                .forward(&ids, &mut model.new_cache(), Logits::All)
+                .unwrap(),
+        );
+        let diff = max_diff(&full, &paged[i]);
+        assert!(diff < 1e-4, "sequence {i}: {diff}");
+    }
+    assert_eq!(kv.stats().tokens_stored, 40 + 3 + 33 + 9);
+    for s in seqs {
+        kv.free_sequence(s).unwrap();
+    }
+    assert_eq!(kv.stats().blocks_used, 0);
+}
+
+/// A batch that does not fit is refused whole: no sequence advances.
+#[test]
+fn paged_batch_out_of_blocks_is_an_error_not_a_panic() {
+    use crate::kv::{KvCapacity, KvError, TierPolicy};
+    let model = tiny();
+    let mut kv = model.new_paged_cache(KvCapacity::f32_only(2), TierPolicy::ALL_F32);
+    let a = kv.add_sequence();
+    let b = kv.add_sequence();
+    let tokens: Vec<u32> = (0..40).collect();
+    let err = model
+        .forward_batch(
+            &[
+                SeqTokens {
+                    seq: a,
+                    tokens: &tokens,
+                },
+                SeqTokens {
+                    seq: b,
+                    tokens: &tokens[..5],
+                },
+            ],
+            &mut kv,
+            Logits::Last,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::Kv(KvError::OutOfBlocks {
+                needed: 3,
+                free: 2,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    assert_eq!(kv.len(a).unwrap(), 0);
+    assert_eq!(kv.stats().blocks_used, 0);
+}

@@ -1,0 +1,75 @@
+//! One sequence's view of a KV cache, so generation and scoring run the same way over the
+//! contiguous cache of the foundation and over a sequence of the paged pool.
+
+use burn::tensor::{backend::Backend, Tensor};
+
+use crate::kv::{PagedAttentionOps, PagedKv, SeqId};
+use crate::model::{KvCache, LlamaModel, Logits, ModelError, SeqTokens};
+
+/// A cache holding one sequence that the model can continue.
+pub trait SeqCache<B: Backend> {
+    /// Tokens cached.
+    fn cached(&self) -> usize;
+    /// Runs `tokens` after the cached ones and returns logits for `logits` positions.
+    fn forward(
+        &mut self,
+        model: &LlamaModel<B>,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Tensor<B, 2>, ModelError>;
+}
+
+impl<B: Backend> SeqCache<B> for KvCache<B> {
+    fn cached(&self) -> usize {
+        self.len()
+    }
+
+    fn forward(
+        &mut self,
+        model: &LlamaModel<B>,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Tensor<B, 2>, ModelError> {
+        model.forward(tokens, self, logits)
+    }
+}
+
+/// A sequence of a paged pool; freed when dropped.
+#[derive(Debug)]
+pub struct PagedSeq<'a, B: Backend> {
+    pub kv: &'a mut PagedKv<B>,
+    pub seq: SeqId,
+}
+
+impl<'a, B: Backend> PagedSeq<'a, B> {
+    /// Registers a new sequence in `kv`.
+    pub fn new(kv: &'a mut PagedKv<B>) -> Self {
+        let seq = kv.add_sequence();
+        Self { kv, seq }
+    }
+}
+
+impl<B: Backend> Drop for PagedSeq<'_, B> {
+    fn drop(&mut self) {
+        let _ = self.kv.free_sequence(self.seq);
+    }
+}
+
+impl<B: PagedAttentionOps> SeqCache<B> for PagedSeq<'_, B> {
+    fn cached(&self) -> usize {
+        self.kv.len(self.seq).unwrap_or(0)
+    }
+
+    fn forward(
+        &mut self,
+        model: &LlamaModel<B>,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Tensor<B, 2>, ModelError> {
+        let batch = [SeqTokens {
+            seq: self.seq,
+            tokens,
+        }];
+        model.forward_batch(&batch, self.kv, logits)
+    }
+}
