@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # CUDA checks on a machine with an NVIDIA GPU, given a fornax binary built with
 # `--features cuda` and the default model: greedy tokens of the reference prompts against
-# the float reference, perplexity of the reference text, and `bench single`.
+# the float reference (through the paged KV cache and our attention kernels), perplexity
+# of the reference text over the paged and the contiguous cache, `bench single` and
+# `bench kv`.
 # Usage: scripts/gpu-check.sh FORNAX_BINARY MODEL.gguf [OUT_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +34,6 @@ for i, p in enumerate(ref):
           + ("" if margin is None else f" (reference margin at divergence {margin:.3f})"))
 PY
 "$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model"
+"$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model" --contiguous-kv
 "$bin" bench single --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --runs 5
+"$bin" bench kv --backend cuda --model "$model" --text "$ref/ppl_text.txt" --steps 32

@@ -7,9 +7,10 @@ use std::sync::OnceLock;
 use fornax::model_file::ModelFile;
 use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::{LlamaModel, Logits};
 use fornax_engine::sampling::argmax;
 use fornax_engine::score::{perplexity, token_logprobs};
+use fornax_engine::seq_cache::SeqCache;
 use fornax_engine::{generate, prefill, GenerateParams};
 use serde::Deserialize;
 
@@ -216,4 +217,53 @@ pub fn run_check(kind: BackendKind, check: Check) {
         Ok(report) => eprintln!("{report}"),
         Err(report) => panic!("{check:?} failed\n{report}"),
     }
+}
+
+/// Greedy decoding of `n` tokens after `prompt` over `cache`, with the top-1 minus top-2
+/// logit margin of each step.
+pub fn greedy_steps<B: fornax_engine::EngineBackend>(
+    model: &LlamaModel<B>,
+    cache: &mut impl SeqCache<B>,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<(u32, f32)>, String> {
+    let mut logits = prefill(model, prompt, cache, 256).map_err(|e| e.to_string())?;
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let token = argmax(&logits);
+        let top = logits[token as usize];
+        let second = logits
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != token as usize)
+            .map(|(_, &l)| l)
+            .fold(f32::MIN, f32::max);
+        out.push((token, top - second));
+        let step = cache
+            .forward(model, &[token], Logits::Last)
+            .map_err(|e| e.to_string())?;
+        logits = fornax_engine::logits_to_vec(step);
+    }
+    Ok(out)
+}
+
+/// How many leading tokens of `ours` equal `reference`; an error if they part before
+/// `must_match` at a step where the reference's margin is at least [`MIN_MARGIN`].
+pub fn leading_matches(
+    ours: &[u32],
+    reference: &[(u32, f32)],
+    must_match: usize,
+) -> Result<usize, String> {
+    let n = ours
+        .iter()
+        .zip(reference)
+        .take_while(|(a, (b, _))| *a == b)
+        .count();
+    if n < must_match.min(reference.len()) && reference[n].1 >= MIN_MARGIN {
+        return Err(format!(
+            "tokens part at step {n} (< {must_match}) where the reference margin is {:.3}",
+            reference[n].1
+        ));
+    }
+    Ok(n)
 }

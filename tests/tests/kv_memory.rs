@@ -3,7 +3,6 @@
 //! tokens are written in place). A small random model is enough: this is about the
 //! cache's allocations, not the model's outputs.
 
-use burn::tensor::backend::Backend;
 use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::kv::{KvCapacity, TierPolicy};
 use fornax_engine::model::{LlamaConfig, LlamaModel, Logits, SeqTokens};

@@ -7,9 +7,11 @@ use clap::Args;
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::sampling::SamplingParams;
+use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::{ChatMessage, TextStream, Tokenizer};
-use fornax_engine::{generate, GenerateParams};
+use fornax_engine::{generate_in, GenerateParams};
 
+use super::kv_args::KvArgs;
 use super::{load_model, parse, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
@@ -46,6 +48,8 @@ pub struct GenerateArgs {
     /// Print only one JSON object at the end: prompt ids, generated ids and text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub kv: KvArgs,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -111,7 +115,7 @@ impl BackendTask for Generate<'_> {
         let mut stream = TextStream::default();
         let mut stdout = std::io::stdout().lock();
         let json = self.args.json;
-        let ids = generate(&model, &prompt, &params, |id| {
+        let on_token = |id| {
             if !json && !params.stop_ids.contains(&id) {
                 let text = stream.push(self.tok.token_bytes(id).unwrap_or_default());
                 // A closed stdout (e.g. `| head`) stops generation.
@@ -120,7 +124,20 @@ impl BackendTask for Generate<'_> {
                     .is_ok();
             }
             true
-        })?;
+        };
+        let ids = if self.args.kv.contiguous_kv {
+            generate_in(&model, &mut model.new_cache(), &prompt, &params, on_token)?
+        } else {
+            let capacity = self
+                .args
+                .kv
+                .capacity(model.kv_dims(), 1, params.prefill_chunk);
+            let mut kv = model.new_paged_cache(capacity, self.args.kv.policy());
+            let mut seq = PagedSeq::new(&mut kv);
+            let ids = generate_in(&model, &mut seq, &prompt, &params, on_token)?;
+            drop(seq);
+            ids
+        };
         if json {
             let text = self.tok.decode(&ids)?;
             let out =

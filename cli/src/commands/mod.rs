@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod generate;
 pub mod info;
+pub mod kv_args;
 pub mod perplexity;
 pub mod tokenize;
 

@@ -7,9 +7,11 @@ use anyhow::{Context, Result};
 use clap::Args;
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::score::{perplexity, token_logprobs};
+use fornax_engine::score::{perplexity, token_logprobs_in};
+use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::Tokenizer;
 
+use super::kv_args::KvArgs;
 use super::{load_model, parse, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
@@ -20,12 +22,15 @@ pub struct PerplexityArgs {
     #[arg(long, default_value_t = 256)]
     pub chunk: usize,
     #[command(flatten)]
+    pub kv: KvArgs,
+    #[command(flatten)]
     pub model: ModelArgs,
 }
 
 struct Score<'a> {
     ids: Vec<u32>,
     chunk: usize,
+    kv: KvArgs,
     gguf: &'a GgufFile<'a>,
 }
 
@@ -39,7 +44,16 @@ impl BackendTask for Score<'_> {
     ) -> Result<()> {
         let model = load_model::<B>(self.gguf, &device)?;
         let t = Instant::now();
-        let logprobs = token_logprobs(&model, &self.ids, self.chunk)?;
+        let logprobs = if self.kv.contiguous_kv {
+            token_logprobs_in(&model, &mut model.new_cache(), &self.ids, self.chunk)?
+        } else {
+            let capacity = self.kv.capacity(model.kv_dims(), 1, self.chunk);
+            let mut kv = model.new_paged_cache(capacity, self.kv.policy());
+            let mut seq = PagedSeq::new(&mut kv);
+            let logprobs = token_logprobs_in(&model, &mut seq, &self.ids, self.chunk)?;
+            drop(seq);
+            logprobs
+        };
         let secs = t.elapsed().as_secs_f64();
         let ppl = perplexity(&logprobs);
         println!("backend: {} | adapter: {}", info.kind, info.adapter);
@@ -66,6 +80,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
     let task = Score {
         ids,
         chunk: args.chunk,
+        kv: args.kv.clone(),
         gguf: &gguf,
     };
     run_on(args.model.backend, task)?

@@ -41,16 +41,23 @@ impl KvCapacity {
     }
 
     /// Splits `bytes` between the tiers for `policy` so that `max_seqs` sequences can
-    /// each keep their recent window in FP32: the FP32 tier gets that (at most half the
-    /// budget); with INT8 enabled, the FP16 tier gets the same for the FP16 window (at most
-    /// half the rest); what remains goes to the oldest tier.
-    pub fn from_budget(bytes: usize, dims: KvDims, policy: TierPolicy, max_seqs: usize) -> Self {
+    /// each keep their recent window plus one prefill chunk of `chunk` tokens in FP32 (new
+    /// tokens are written FP32): the FP32 tier gets that (at most half the budget); with
+    /// INT8 enabled, the FP16 tier gets the same for the FP16 window (at most half the
+    /// rest); what remains goes to the oldest tier.
+    pub fn from_budget(
+        bytes: usize,
+        dims: KvDims,
+        policy: TierPolicy,
+        max_seqs: usize,
+        chunk: usize,
+    ) -> Self {
         let b32 = dims.block_bytes(Tier::F32);
         let Some(recent) = policy.recent else {
             return Self::f32_only(bytes / b32);
         };
         let window_blocks = |tokens: usize| max_seqs * (tokens.div_ceil(BLOCK_TOKENS) + 1);
-        let f32_blocks = window_blocks(recent).min(bytes / 2 / b32).max(1);
+        let f32_blocks = window_blocks(recent + chunk).min(bytes / 2 / b32).max(1);
         let rest = bytes.saturating_sub(f32_blocks * b32);
         let b16 = dims.block_bytes(Tier::F16);
         match policy.int8_after {
@@ -109,12 +116,12 @@ mod tests {
                 int8_after: Some(512),
             },
         ] {
-            let cap = KvCapacity::from_budget(budget, SMOL, policy, 8);
+            let cap = KvCapacity::from_budget(budget, SMOL, policy, 8, 32);
             assert!(cap.bytes(SMOL) <= budget, "{policy:?}");
             assert!(cap.bytes(SMOL) > budget * 9 / 10, "{policy:?} {cap:?}");
             assert!(cap.slots[0] >= 1);
         }
-        let cap = KvCapacity::from_budget(budget, SMOL, TierPolicy::DEFAULT, 8);
-        assert_eq!(cap.slots[0], 8 * 5);
+        let cap = KvCapacity::from_budget(budget, SMOL, TierPolicy::DEFAULT, 8, 32);
+        assert_eq!(cap.slots[0], 8 * 6);
     }
 }

@@ -24,5 +24,5 @@ pub use layout::{KvCapacity, KvDims};
 pub use ops::PagedAttentionOps;
 pub use pool::{BlockId, BlockPool, Move, SeqId};
 pub use stats::KvStats;
-pub use store::{KvStore, LayerKv, TierArena};
+pub use store::{KvStore, LayerKv, Owned, TierArena};
 pub use tier::{Tier, TierPolicy, BLOCK_TOKENS, SLOT_MASK, TIER_SHIFT};

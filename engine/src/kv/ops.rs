@@ -86,10 +86,10 @@ where
     BT: BoolElement,
 {
     ArenaTensors {
-        f32_rows: a.f32_rows.clone().into_primitive().tensor(),
-        f16_rows: a.f16_rows.clone().into_primitive(),
-        f16_scales: a.f16_scales.clone().into_primitive().tensor(),
-        i8_rows: a.i8_rows.clone().into_primitive(),
-        i8_scales: a.i8_scales.clone().into_primitive().tensor(),
+        f32_rows: a.f32_rows.get().clone().into_primitive().tensor(),
+        f16_rows: a.f16_rows.get().clone().into_primitive(),
+        f16_scales: a.f16_scales.get().clone().into_primitive().tensor(),
+        i8_rows: a.i8_rows.get().clone().into_primitive(),
+        i8_scales: a.i8_scales.get().clone().into_primitive().tensor(),
     }
 }

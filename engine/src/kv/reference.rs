@@ -45,7 +45,7 @@ pub fn gather<B: Backend>(
     len: usize,
     shape: AttentionShape,
 ) -> Tensor<B, 2> {
-    let device = arena.f32_rows.device();
+    let device = arena.f32_rows.get().device();
     let n_blocks = len.div_ceil(BLOCK_TOKENS);
     let mut parts = Vec::new();
     let mut order = Vec::new();
@@ -62,16 +62,16 @@ pub fn gather<B: Backend>(
         order.extend(blocks);
         let rows = block_rows::<B>(&slots, &device);
         parts.push(match tier {
-            Tier::F32 => arena.f32_rows.clone().select(0, rows),
+            Tier::F32 => arena.f32_rows.get().clone().select(0, rows),
             Tier::F16 => scaled(
-                decode_f16(arena.f16_rows.clone().select(0, rows)),
-                &arena.f16_scales,
+                decode_f16(arena.f16_rows.get().clone().select(0, rows)),
+                arena.f16_scales.get(),
                 &slots,
                 shape,
             ),
             Tier::I8 => scaled(
-                decode_i8(arena.i8_rows.clone().select(0, rows)),
-                &arena.i8_scales,
+                decode_i8(arena.i8_rows.get().clone().select(0, rows)),
+                arena.i8_scales.get(),
                 &slots,
                 shape,
             ),

@@ -8,23 +8,44 @@ use burn::tensor::{backend::Backend, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use super::{pack, KvCapacity, KvDims, Move, Tier, BLOCK_TOKENS};
 
+/// A tensor held by exactly one owner, so burn updates it in place (a clone would make
+/// every write copy the whole arena).
+#[derive(Debug)]
+pub struct Owned<T>(Option<T>);
+
+impl<T> Owned<T> {
+    fn new(value: T) -> Self {
+        Self(Some(value))
+    }
+
+    /// The tensor (clone it only for reads that end before the next update).
+    pub fn get(&self) -> &T {
+        self.0.as_ref().expect("arena present between updates")
+    }
+
+    fn update(&mut self, f: impl FnOnce(T) -> T) {
+        let value = self.0.take().expect("arena present between updates");
+        self.0 = Some(f(value));
+    }
+}
+
 /// Keys or values of one layer, one arena per tier (layout in `fornax_shaders`).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct TierArena<B: Backend> {
     /// `[slots * 32, n_kv * head_dim]` floats.
-    pub f32_rows: Tensor<B, 2>,
+    pub f32_rows: Owned<Tensor<B, 2>>,
     /// `[slots * 32, n_kv * head_dim / 2]` words of two halves.
-    pub f16_rows: Tensor<B, 2, Int>,
+    pub f16_rows: Owned<Tensor<B, 2, Int>>,
     /// `[slots, n_kv]`.
-    pub f16_scales: Tensor<B, 2>,
+    pub f16_scales: Owned<Tensor<B, 2>>,
     /// `[slots * 32, n_kv * head_dim / 4]` words of four signed bytes.
-    pub i8_rows: Tensor<B, 2, Int>,
+    pub i8_rows: Owned<Tensor<B, 2, Int>>,
     /// `[slots, n_kv]`.
-    pub i8_scales: Tensor<B, 2>,
+    pub i8_scales: Owned<Tensor<B, 2>>,
 }
 
 /// Keys and values of one layer.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct LayerKv<B: Backend> {
     pub keys: TierArena<B>,
     pub values: TierArena<B>,
@@ -45,26 +66,26 @@ impl<B: Backend> TierArena<B> {
         let width = |t: Tier| dims.n_kv_heads * t.words(dims.head_dim);
         let rows = |t: Tier| slots(t) * BLOCK_TOKENS;
         Self {
-            f32_rows: Tensor::zeros([rows(Tier::F32), width(Tier::F32)], device),
-            f16_rows: Tensor::zeros([rows(Tier::F16), width(Tier::F16)], device),
-            f16_scales: Tensor::zeros([slots(Tier::F16), dims.n_kv_heads], device),
-            i8_rows: Tensor::zeros([rows(Tier::I8), width(Tier::I8)], device),
-            i8_scales: Tensor::zeros([slots(Tier::I8), dims.n_kv_heads], device),
+            f32_rows: Owned::new(Tensor::zeros([rows(Tier::F32), width(Tier::F32)], device)),
+            f16_rows: Owned::new(Tensor::zeros([rows(Tier::F16), width(Tier::F16)], device)),
+            f16_scales: Owned::new(Tensor::zeros([slots(Tier::F16), dims.n_kv_heads], device)),
+            i8_rows: Owned::new(Tensor::zeros([rows(Tier::I8), width(Tier::I8)], device)),
+            i8_scales: Owned::new(Tensor::zeros([slots(Tier::I8), dims.n_kv_heads], device)),
         }
     }
 
     fn rows(&self, tier: Tier) -> Option<Tensor<B, 2, Int>> {
         match tier {
             Tier::F32 => None,
-            Tier::F16 => Some(self.f16_rows.clone()),
-            Tier::I8 => Some(self.i8_rows.clone()),
+            Tier::F16 => Some(self.f16_rows.get().clone()),
+            Tier::I8 => Some(self.i8_rows.get().clone()),
         }
     }
 
     fn scales(&self, tier: Tier) -> Tensor<B, 2> {
         match tier {
-            Tier::I8 => self.i8_scales.clone(),
-            _ => self.f16_scales.clone(),
+            Tier::I8 => self.i8_scales.get().clone(),
+            _ => self.f16_scales.get().clone(),
         }
     }
 }
@@ -109,8 +130,8 @@ impl<B: Backend> KvStore<B> {
         values: Tensor<B, 2>,
     ) {
         let kv = &mut self.layers[layer];
-        kv.keys.f32_rows = add_rows(kv.keys.f32_rows.clone(), &rows, keys);
-        kv.values.f32_rows = add_rows(kv.values.f32_rows.clone(), &rows, values);
+        kv.keys.f32_rows.update(|t| add_rows(t, &rows, keys));
+        kv.values.f32_rows.update(|t| add_rows(t, &rows, values));
     }
 
     /// Zeroes freed `slots` in every layer so they can be written again.
@@ -133,14 +154,14 @@ impl<B: Backend> KvStore<B> {
             for layer in &mut self.layers {
                 for arena in [&mut layer.keys, &mut layer.values] {
                     match tier {
-                        Tier::F32 => arena.f32_rows = clear(arena.f32_rows.clone(), &rows),
+                        Tier::F32 => arena.f32_rows.update(|t| clear(t, &rows)),
                         Tier::F16 => {
-                            arena.f16_rows = clear_int(arena.f16_rows.clone(), &rows);
-                            arena.f16_scales = clear(arena.f16_scales.clone(), &slot_ids);
+                            arena.f16_rows.update(|t| clear_int(t, &rows));
+                            arena.f16_scales.update(|t| clear(t, &slot_ids));
                         }
                         Tier::I8 => {
-                            arena.i8_rows = clear_int(arena.i8_rows.clone(), &rows);
-                            arena.i8_scales = clear(arena.i8_scales.clone(), &slot_ids);
+                            arena.i8_rows.update(|t| clear_int(t, &rows));
+                            arena.i8_scales.update(|t| clear(t, &slot_ids));
                         }
                     }
                 }
@@ -188,7 +209,7 @@ impl<B: Backend> KvStore<B> {
         match tier {
             Tier::F32 => {
                 let parts: Vec<_> = arenas
-                    .map(|a| a.f32_rows.clone().select(0, rows.clone()))
+                    .map(|a| a.f32_rows.get().clone().select(0, rows.clone()))
                     .collect();
                 to_f32(Tensor::cat(parts, 0))
             }
@@ -254,7 +275,7 @@ impl<B: Backend> KvStore<B> {
                         TensorData::new(data, [picks.len() * BLOCK_TOKENS, row_len]),
                         &self.device,
                     );
-                    arena.f32_rows = add_rows(arena.f32_rows.clone(), &rows, t);
+                    arena.f32_rows.update(|a| add_rows(a, &rows, t));
                     continue;
                 }
                 let mut words = vec![0i64; picks.len() * BLOCK_TOKENS * width];
@@ -304,12 +325,12 @@ impl<B: Backend> KvStore<B> {
                 let assign_scales = |t: Tensor<B, 2>| add_rows(t, &slot_ids, scales.clone());
                 match tier {
                     Tier::F16 => {
-                        arena.f16_rows = assign_rows(arena.f16_rows.clone());
-                        arena.f16_scales = assign_scales(arena.f16_scales.clone());
+                        arena.f16_rows.update(assign_rows);
+                        arena.f16_scales.update(assign_scales);
                     }
                     _ => {
-                        arena.i8_rows = assign_rows(arena.i8_rows.clone());
-                        arena.i8_scales = assign_scales(arena.i8_scales.clone());
+                        arena.i8_rows.update(assign_rows);
+                        arena.i8_scales.update(assign_scales);
                     }
                 }
             }
@@ -320,11 +341,11 @@ impl<B: Backend> KvStore<B> {
     pub fn bytes(&self) -> usize {
         let arena = |a: &TierArena<B>| {
             [
-                a.f32_rows.shape().num_elements(),
-                a.f16_rows.shape().num_elements(),
-                a.f16_scales.shape().num_elements(),
-                a.i8_rows.shape().num_elements(),
-                a.i8_scales.shape().num_elements(),
+                a.f32_rows.get().shape().num_elements(),
+                a.f16_rows.get().shape().num_elements(),
+                a.f16_scales.get().shape().num_elements(),
+                a.i8_rows.get().shape().num_elements(),
+                a.i8_scales.get().shape().num_elements(),
             ]
             .iter()
             .sum::<usize>()

@@ -1,22 +1,16 @@
-//! `fornax bench`: measured figures, never pass/fail.
+//! `fornax bench single`: one sequence's prefill and decode speed.
 
 use std::time::Instant;
 
 use anyhow::Result;
-use clap::{Args, Subcommand};
+use clap::Args;
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::Logits;
 use fornax_engine::tokenizer::Tokenizer;
 use fornax_engine::{logits_to_vec, prefill};
 
-use super::{load_model, parse, tokenizer, ModelArgs};
-
-#[derive(Subcommand, Debug)]
-pub enum BenchCommand {
-    /// One sequence: prefill and decode tokens/s (median of several runs).
-    Single(SingleArgs),
-}
+use super::super::{load_model, parse, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct SingleArgs {
@@ -39,10 +33,7 @@ struct Single<'a> {
     tok: &'a Tokenizer,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+use super::median;
 
 impl BackendTask for Single<'_> {
     type Output = Result<()>;
@@ -100,20 +91,16 @@ impl BackendTask for Single<'_> {
     }
 }
 
-pub fn run(cmd: BenchCommand) -> Result<()> {
-    match cmd {
-        BenchCommand::Single(args) => {
-            let file = args.model.open()?;
-            let gguf = parse(&file)?;
-            let tok = tokenizer(&gguf)?;
-            run_on(
-                args.model.backend,
-                Single {
-                    args: &args,
-                    gguf: &gguf,
-                    tok: &tok,
-                },
-            )?
-        }
-    }
+pub fn run(args: SingleArgs) -> Result<()> {
+    let file = args.model.open()?;
+    let gguf = parse(&file)?;
+    let tok = tokenizer(&gguf)?;
+    run_on(
+        args.model.backend,
+        Single {
+            args: &args,
+            gguf: &gguf,
+            tok: &tok,
+        },
+    )?
 }

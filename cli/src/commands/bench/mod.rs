@@ -1,0 +1,28 @@
+//! `fornax bench`: measured figures printed side by side, never pass/fail.
+
+mod kv;
+mod single;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// One sequence: prefill and decode tokens/s (median of several runs).
+    Single(single::SingleArgs),
+    /// The paged KV cache: bytes per token, perplexity and decode speed for each tier policy.
+    Kv(kv::KvBenchArgs),
+}
+
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Single(args) => single::run(args),
+        BenchCommand::Kv(args) => kv::run(args),
+    }
+}
+
+/// The median of `v` (not empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

@@ -1,0 +1,165 @@
+//! The real model over the paged KV cache: with every block FP32 it gives the foundation
+//! path's greedy tokens; with precision tiers it is reported against that path (and must
+//! agree on at least the first 16 tokens, except where the reference's top-2 margin is
+//! below 0.05). CPU runs the burn reference path; lavapipe runs our kernels.
+
+use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::kv::{KvCapacity, TierPolicy};
+use fornax_engine::model::LlamaModel;
+use fornax_engine::seq_cache::PagedSeq;
+use fornax_engine::EngineBackend;
+use fornax_tests::{
+    check_greedy, greedy_steps, leading_matches, model_file, read_reference, Perplexity, Prompts,
+    MIN_MARGIN,
+};
+
+/// One run: `tokens` greedy tokens after `prompt` with each of `policies`, compared with
+/// the contiguous cache on the same backend.
+struct TierRuns {
+    prompt: Vec<u32>,
+    tokens: usize,
+    policies: Vec<(&'static str, TierPolicy, usize)>,
+}
+
+fn pool(model: &LlamaModel<impl EngineBackend>, policy: TierPolicy) -> KvCapacity {
+    KvCapacity::from_budget(64 << 20, model.kv_dims(), policy, 1, 256)
+}
+
+impl BackendTask for TierRuns {
+    type Output = Result<String, String>;
+
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
+        let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
+        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {})
+            .map_err(|e| e.to_string())?;
+        let base = greedy_steps(&model, &mut model.new_cache(), &self.prompt, self.tokens)?;
+        let mut report = format!(
+            "[{}] prompt of {} tokens:\n",
+            info.adapter,
+            self.prompt.len()
+        );
+        for (name, policy, must_match) in self.policies {
+            let mut kv = model.new_paged_cache(pool(&model, policy), policy);
+            let mut seq = PagedSeq::new(&mut kv);
+            let steps = greedy_steps(&model, &mut seq, &self.prompt, self.tokens)?;
+            let stats = seq.kv.stats();
+            drop(seq);
+            let ours: Vec<u32> = steps.iter().map(|s| s.0).collect();
+            let n = leading_matches(&ours, &base, must_match)
+                .map_err(|e| format!("{report}{name}: {e}"))?;
+            report += &format!(
+                "  {name}: {n}/{} tokens equal the contiguous cache's; {} conversions, blocks per tier at the end {:?}\n",
+                self.tokens, stats.conversions, stats.blocks_used_by_tier
+            );
+            if policy.recent.is_some_and(|r| r < self.prompt.len()) && stats.conversions == 0 {
+                return Err(format!("{report}{name}: no block was converted"));
+            }
+        }
+        Ok(report)
+    }
+}
+
+fn run(kind: BackendKind, task: TierRuns) {
+    match run_on(kind, task).expect("backend available") {
+        Ok(report) => eprintln!("{report}"),
+        Err(report) => panic!("{report}"),
+    }
+}
+
+const FP32: (&str, TierPolicy, usize) = ("all FP32", TierPolicy::ALL_F32, usize::MAX);
+const DEFAULT: (&str, TierPolicy, usize) = ("default tiers", TierPolicy::DEFAULT, 16);
+
+/// The first tokens of `ppl_text.txt`, as a long prompt that ages blocks.
+fn long_prompt(n: usize) -> Vec<u32> {
+    let p: Perplexity = read_reference("perplexity.json");
+    p.ids[..n].to_vec()
+}
+
+/// Every reference prompt: paged FP32 equals the contiguous path and the float
+/// reference; the default tiers (nothing old enough to convert at this length) too.
+#[test]
+fn reference_prompts_on_cpu() {
+    let prompts: Prompts = read_reference("prompts.json");
+    for case in &prompts.prompts {
+        run(
+            BackendKind::Cpu,
+            TierRuns {
+                prompt: case.prompt_ids.clone(),
+                tokens: 32,
+                policies: vec![FP32, DEFAULT],
+            },
+        );
+        // The paged path against the float reference itself.
+        struct Reference<'a>(&'a fornax_tests::PromptCase);
+        impl BackendTask for Reference<'_> {
+            type Output = Result<usize, String>;
+            fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
+                let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
+                let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {})
+                    .map_err(|e| e.to_string())?;
+                let mut kv =
+                    model.new_paged_cache(pool(&model, TierPolicy::DEFAULT), TierPolicy::DEFAULT);
+                let steps =
+                    greedy_steps(&model, &mut PagedSeq::new(&mut kv), &self.0.prompt_ids, 32)?;
+                let ours: Vec<u32> = steps.iter().map(|s| s.0).collect();
+                check_greedy(&ours, &self.0.float_reference, MIN_MARGIN)
+            }
+        }
+        let n = run_on(BackendKind::Cpu, Reference(case)).unwrap().unwrap();
+        eprintln!(
+            "{:?}: {n}/32 greedy tokens equal the float reference (paged, default tiers)",
+            case.prompt
+        );
+    }
+}
+
+/// A 600-token prompt, so blocks age into FP16 (default) and INT8. INT8 is optional and
+/// lossier: it is reported, not held to the 16-token rule.
+#[test]
+fn long_context_tiers_on_cpu() {
+    run(
+        BackendKind::Cpu,
+        TierRuns {
+            prompt: long_prompt(600),
+            tokens: 32,
+            policies: vec![
+                FP32,
+                DEFAULT,
+                (
+                    "FP16 after 128, INT8 after 384",
+                    TierPolicy {
+                        recent: Some(128),
+                        int8_after: Some(384),
+                    },
+                    0,
+                ),
+            ],
+        },
+    );
+}
+
+/// Our kernels on the real model (lavapipe): FP32 blocks give the contiguous path's
+/// tokens; a short recent window puts blocks of all three tiers under the same prompt
+/// (72 + 8 tokens: block 0 INT8, block 1 FP16 by the end, the rest FP32).
+#[test]
+fn kernels_on_wgpu() {
+    run(
+        BackendKind::Wgpu,
+        TierRuns {
+            prompt: long_prompt(72),
+            tokens: 8,
+            policies: vec![
+                FP32,
+                (
+                    "FP16 after 16, INT8 after 32",
+                    TierPolicy {
+                        recent: Some(16),
+                        int8_after: Some(32),
+                    },
+                    4,
+                ),
+            ],
+        },
+    );
+}
