@@ -176,3 +176,39 @@ fn missing_python_is_one_clear_sentence() {
     );
     assert!(last.contains("--model PATH"), "{err}");
 }
+
+/// A KV budget too small for the prompt is one clear error, not a panic; the same prompt
+/// with INT8 tiers and the contiguous cache both run.
+#[test]
+fn kv_flags_and_a_too_small_pool() {
+    let model = model();
+    let prompt = "The history of computing is a story of abstractions. ".repeat(8);
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            &prompt,
+            "--max-tokens",
+            "4",
+            "--ignore-eos",
+            "--json",
+            "--backend",
+            "cpu",
+            "--model",
+            &model,
+        ];
+        args.extend_from_slice(extra);
+        fornax(&args)
+    };
+    let out = run(&["--kv-memory", "1", "--kv-recent", "all"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("KV cache"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let a = json_out(&run(&["--kv-recent", "32", "--kv-int8-after", "64"]));
+    let b = json_out(&run(&["--contiguous-kv"]));
+    assert_eq!(a["prompt_ids"], b["prompt_ids"]);
+    assert_eq!(a["generated_ids"].as_array().unwrap().len(), 4);
+    let bad = run(&["--kv-recent", "0"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--kv-recent"));
+}

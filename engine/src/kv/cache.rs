@@ -4,7 +4,7 @@ use burn::tensor::backend::Backend;
 
 use super::{
     BatchSeq, BlockPool, KvCapacity, KvDims, KvError, KvStats, KvStore, PagedBatch, SeqId, Tier,
-    TierPolicy,
+    TierPolicy, BLOCK_TOKENS,
 };
 
 /// Block pool and arenas, allocated once.
@@ -52,7 +52,12 @@ impl<B: Backend> PagedKv<B> {
     /// describes the batch for the forward pass.
     pub fn prepare(&mut self, parts: &[(SeqId, usize)]) -> Result<PagedBatch<B>, KvError> {
         let mut needed = 0;
+        let capacity = self.pool.capacity().total() * BLOCK_TOKENS;
         for &(seq, new) in parts {
+            let tokens = self.pool.len(seq)? + new;
+            if tokens > capacity {
+                return Err(KvError::NeverFits { tokens, capacity });
+            }
             needed += self.pool.blocks_needed(seq, new)?;
         }
         let free = self.pool.free_blocks(Tier::F32);

@@ -16,6 +16,6 @@ pub enum KvError {
     #[error("unknown KV sequence {0:?}")]
     UnknownSequence(SeqId),
     /// The sequence would need more blocks than the whole pool has.
-    #[error("a sequence of {tokens} tokens can never fit a KV pool of {capacity} tokens")]
+    #[error("KV cache too small: a sequence of {tokens} tokens can never fit a pool of {capacity} tokens")]
     NeverFits { tokens: usize, capacity: usize },
 }
