@@ -169,9 +169,9 @@ impl<B: Backend> KvStore<B> {
         }
     }
 
-    /// Converts blocks as the pool decided: reads every source block back (one read per
-    /// source tier for all layers), clears the sources, then re-encodes each block on the
-    /// host and writes it into its new slot. Reading everything first matters: a slot freed
+    /// Converts blocks as the pool decided: reads every source block back (for all layers
+    /// at once: one read per source tier, plus one of the scales for a scaled tier), clears
+    /// the sources, then re-encodes each block on the host and writes it into its new slot. Reading everything first matters: a slot freed
     /// by one move may be the destination of another.
     pub fn apply_moves(&mut self, moves: &[Move]) {
         let mut read = Vec::new();
