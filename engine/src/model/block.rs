@@ -25,11 +25,7 @@ impl<B: Backend> Block<B> {
         layer: usize,
         start: usize,
     ) -> Tensor<B, 2> {
-        let h = x.clone()
-            + self
-                .attn
-                .forward(self.attn_norm.forward(x), rope, cache, layer, start);
-        h.clone() + self.mlp.forward(self.ffn_norm.forward(h))
+        self.residuals(x, |n| self.attn.forward(n, rope, cache, layer, start))
     }
 
     /// Runs the block on the rows of a ragged batch over the paged cache.
@@ -44,10 +40,16 @@ impl<B: Backend> Block<B> {
     where
         B: PagedAttentionOps,
     {
-        let h = x.clone()
-            + self
-                .attn
-                .forward_paged(self.attn_norm.forward(x), rope, kv, batch, layer);
+        self.residuals(x, |n| self.attn.forward_paged(n, rope, kv, batch, layer))
+    }
+
+    /// The block around its attention: `attend` gets the normed input.
+    fn residuals(
+        &self,
+        x: Tensor<B, 2>,
+        attend: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
+    ) -> Tensor<B, 2> {
+        let h = x.clone() + attend(self.attn_norm.forward(x));
         h.clone() + self.mlp.forward(self.ffn_norm.forward(h))
     }
 }
