@@ -79,9 +79,4 @@ impl<B: Backend> PagedBatch<B> {
             seqs,
         }
     }
-
-    /// Rows of the batch.
-    pub fn rows(&self) -> usize {
-        self.seqs.iter().map(|s| s.rows).sum()
-    }
 }

@@ -18,11 +18,6 @@ impl KvDims {
         let scales = if tier.scaled() { self.n_kv_heads } else { 0 };
         2 * self.n_layers * (words + scales) * 4
     }
-
-    /// FP32 bytes per token (keys and values, every layer).
-    pub fn f32_token_bytes(&self) -> usize {
-        self.block_bytes(Tier::F32) / BLOCK_TOKENS
-    }
 }
 
 /// Slots per tier of a pool.

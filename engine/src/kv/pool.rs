@@ -65,11 +65,6 @@ impl BlockPool {
         }
     }
 
-    /// The ageing rule.
-    pub fn policy(&self) -> TierPolicy {
-        self.policy
-    }
-
     /// Slots per tier.
     pub fn capacity(&self) -> KvCapacity {
         self.capacity
@@ -273,11 +268,6 @@ impl BlockPool {
             .into_iter()
             .filter_map(|b| self.release(b))
             .collect())
-    }
-
-    /// Sequences registered.
-    pub fn sequences(&self) -> usize {
-        self.seqs.len()
     }
 
     /// Current figures.

@@ -116,11 +116,6 @@ impl<B: Backend> KvStore<B> {
         &self.device
     }
 
-    /// Dimensions stored.
-    pub fn dims(&self) -> KvDims {
-        self.dims
-    }
-
     /// Writes keys and values `[rows, n_kv * head_dim]` of `layer` into FP32 arena `rows`.
     pub fn write(
         &mut self,
@@ -335,26 +330,6 @@ impl<B: Backend> KvStore<B> {
                 }
             }
         }
-    }
-
-    /// Device bytes held by the arenas (including dummy slots of empty tiers).
-    pub fn bytes(&self) -> usize {
-        let arena = |a: &TierArena<B>| {
-            [
-                a.f32_rows.get().shape().num_elements(),
-                a.f16_rows.get().shape().num_elements(),
-                a.f16_scales.get().shape().num_elements(),
-                a.i8_rows.get().shape().num_elements(),
-                a.i8_scales.get().shape().num_elements(),
-            ]
-            .iter()
-            .sum::<usize>()
-                * 4
-        };
-        self.layers
-            .iter()
-            .map(|l| arena(&l.keys) + arena(&l.values))
-            .sum()
     }
 }
 
