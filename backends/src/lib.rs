@@ -10,7 +10,7 @@ pub use kind::BackendKind;
 pub use probe::{probe_wgpu, AdapterSummary};
 #[cfg(feature = "cuda")]
 pub use run::CudaBackend;
-pub use run::{run_on, BackendTask, CpuBackend, DeviceInfo, WgpuBackend};
+pub use run::{run_on, wgpu_device, BackendTask, CpuBackend, DeviceInfo, WgpuBackend};
 
 /// Why a backend cannot be used.
 #[derive(Debug, thiserror::Error)]

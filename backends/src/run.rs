@@ -30,7 +30,8 @@ pub trait BackendTask {
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output;
 }
 
-fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {
+/// The wgpu device (initialised once per process) and a description of its adapter.
+pub fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {
     static DEVICE: std::sync::OnceLock<Result<(WgpuDevice, String), String>> =
         std::sync::OnceLock::new();
     // A wgpu device can be initialised only once per process.

@@ -1,5 +1,6 @@
 //! The generation loop for one sequence: chunked prefill, then one token per step.
 
+use crate::EngineBackend;
 use burn::tensor::{backend::Backend, Tensor};
 
 use crate::model::{LlamaModel, Logits, ModelError};
@@ -39,7 +40,7 @@ pub fn logits_to_vec<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
 }
 
 /// Runs the prompt through the model in chunks and returns the last position's logits.
-pub fn prefill<B: Backend>(
+pub fn prefill<B: EngineBackend>(
     model: &LlamaModel<B>,
     prompt: &[u32],
     cache: &mut impl SeqCache<B>,
@@ -65,7 +66,7 @@ pub fn prefill<B: Backend>(
 /// Generates up to `params.max_tokens` tokens after `prompt` over a fresh contiguous
 /// cache, calling `on_token` with each one as it is sampled; `on_token` returns `false`
 /// to stop early. Returns the new tokens.
-pub fn generate<B: Backend>(
+pub fn generate<B: EngineBackend>(
     model: &LlamaModel<B>,
     prompt: &[u32],
     params: &GenerateParams,
@@ -75,7 +76,7 @@ pub fn generate<B: Backend>(
 }
 
 /// [`generate`] continuing the sequence in `cache` (contiguous or paged).
-pub fn generate_in<B: Backend>(
+pub fn generate_in<B: EngineBackend>(
     model: &LlamaModel<B>,
     cache: &mut impl SeqCache<B>,
     prompt: &[u32],

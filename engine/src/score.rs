@@ -1,13 +1,14 @@
 //! Scoring text: the log-probability the model gives each next token (for perplexity).
 
-use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor, TensorData};
+use crate::EngineBackend;
+use burn::tensor::{activation::log_softmax, Int, Tensor, TensorData};
 
 use crate::model::{LlamaModel, Logits, ModelError};
 use crate::seq_cache::SeqCache;
 
 /// Log-probabilities of `ids[1..]`, each given the tokens before it, computed in chunks
 /// of `chunk` tokens over a contiguous KV cache. Returns `ids.len() - 1` values.
-pub fn token_logprobs<B: Backend>(
+pub fn token_logprobs<B: EngineBackend>(
     model: &LlamaModel<B>,
     ids: &[u32],
     chunk: usize,
@@ -16,7 +17,7 @@ pub fn token_logprobs<B: Backend>(
 }
 
 /// [`token_logprobs`] over an empty `cache` of any kind.
-pub fn token_logprobs_in<B: Backend>(
+pub fn token_logprobs_in<B: EngineBackend>(
     model: &LlamaModel<B>,
     cache: &mut impl SeqCache<B>,
     ids: &[u32],

@@ -1,13 +1,14 @@
 //! One sequence's view of a KV cache, so generation and scoring run the same way over the
 //! contiguous cache of the foundation and over a sequence of the paged pool.
 
+use crate::EngineBackend;
 use burn::tensor::{backend::Backend, Tensor};
 
-use crate::kv::{PagedAttentionOps, PagedKv, SeqId};
+use crate::kv::{PagedKv, SeqId};
 use crate::model::{KvCache, LlamaModel, Logits, ModelError, SeqTokens};
 
 /// A cache holding one sequence that the model can continue.
-pub trait SeqCache<B: Backend> {
+pub trait SeqCache<B: EngineBackend> {
     /// Tokens cached.
     fn cached(&self) -> usize;
     /// Runs `tokens` after the cached ones and returns logits for `logits` positions.
@@ -19,7 +20,7 @@ pub trait SeqCache<B: Backend> {
     ) -> Result<Tensor<B, 2>, ModelError>;
 }
 
-impl<B: Backend> SeqCache<B> for KvCache<B> {
+impl<B: EngineBackend> SeqCache<B> for KvCache<B> {
     fn cached(&self) -> usize {
         self.len()
     }
@@ -55,7 +56,7 @@ impl<B: Backend> Drop for PagedSeq<'_, B> {
     }
 }
 
-impl<B: PagedAttentionOps> SeqCache<B> for PagedSeq<'_, B> {
+impl<B: EngineBackend> SeqCache<B> for PagedSeq<'_, B> {
     fn cached(&self) -> usize {
         self.kv.len(self.seq).unwrap_or(0)
     }

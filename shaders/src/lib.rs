@@ -3,3 +3,5 @@
 
 pub mod launch;
 pub mod paged_attention;
+pub mod quant_launch;
+pub mod quant_matmul;

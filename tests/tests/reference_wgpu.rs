@@ -17,3 +17,67 @@ fn greedy_tokens_match_float_reference() {
 fn perplexity_matches_float_reference() {
     run_check(BackendKind::Wgpu, Check::Perplexity);
 }
+
+/// Quantized weights (the default on wgpu) against the same model dequantized to FP32 at
+/// load (`--dequantize`): both multiply the same values in FP32, so last-position logits
+/// differ only by summation order. Tolerance 2e-3 absolute on logits of size ~20, a tenth
+/// of the float-reference tolerance.
+#[test]
+fn quantized_weights_match_f32_weights() {
+    use fornax_backends::{run_on, BackendTask, DeviceInfo};
+    use fornax_engine::gguf::GgufFile;
+    use fornax_engine::model::{LlamaModel, LoadOptions};
+    use fornax_engine::{prefill, EngineBackend};
+    use fornax_tests::{model_file, read_reference, Prompts};
+
+    struct Compare;
+    impl BackendTask for Compare {
+        type Output = ();
+        fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) {
+            let file = model_file().bytes();
+            let gguf = GgufFile::parse(file).unwrap();
+            let load = |dequantize| {
+                LlamaModel::<B>::from_gguf_with(
+                    &gguf,
+                    &device,
+                    LoadOptions { dequantize },
+                    &mut |_, _| {},
+                )
+                .unwrap()
+            };
+            let (quant, dense) = (load(false), load(true));
+            let quantized = quant.matrices().filter(|m| m.is_quantized()).count();
+            assert_eq!(
+                quantized,
+                quant.matrices().count(),
+                "every matrix stays quantized"
+            );
+            assert!(dense.matrices().all(|m| !m.is_quantized()));
+            let ratio = quant.weight_bytes() as f64 / file.len() as f64;
+            eprintln!(
+                "{}: weights {} bytes quantized ({ratio:.3} of the file), {} bytes FP32",
+                info.adapter,
+                quant.weight_bytes(),
+                dense.weight_bytes()
+            );
+            assert!((0.9..=1.1).contains(&ratio), "weights vs file: {ratio}");
+
+            let prompts: Prompts = read_reference("prompts.json");
+            for case in &prompts.prompts {
+                let q = prefill(&quant, &case.prompt_ids, &mut quant.new_cache(), 256).unwrap();
+                let f = prefill(&dense, &case.prompt_ids, &mut dense.new_cache(), 256).unwrap();
+                let worst = q
+                    .iter()
+                    .zip(&f)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                eprintln!(
+                    "{:?}: max |logit diff| quantized vs FP32 weights {worst:.2e}",
+                    case.prompt
+                );
+                assert!(worst <= 2e-3, "{:?}: {worst}", case.prompt);
+            }
+        }
+    }
+    run_on(BackendKind::Wgpu, Compare).expect("a wgpu adapter");
+}

@@ -109,7 +109,7 @@ impl BackendTask for Generate<'_> {
         device: B::Device,
         _info: DeviceInfo,
     ) -> Result<()> {
-        let model = load_model::<B>(self.gguf, &device)?;
+        let model = load_model::<B>(self.gguf, &device, self.args.model.load_options())?;
         let prompt = self.args.prompt_ids(self.tok)?;
         let params = self.args.params(self.tok);
         let mut stream = TextStream::default();

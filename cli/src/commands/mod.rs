@@ -10,14 +10,14 @@ pub mod tokenize;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use burn::tensor::backend::Backend;
 use clap::Args;
 use fornax::model_file::ModelFile;
 use fornax::model_store;
 use fornax_backends::BackendKind;
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::{LlamaModel, LoadOptions};
 use fornax_engine::tokenizer::Tokenizer;
+use fornax_engine::EngineBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Which model and backend to use.
@@ -29,6 +29,10 @@ pub struct ModelArgs {
     /// Compute backend: auto (CUDA, else a GPU through wgpu, else CPU), wgpu, cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub backend: BackendKind,
+    /// Dequantize every weight to FP32 at load (the reference path), even where the
+    /// backend has kernels for quantized weights.
+    #[arg(long)]
+    pub dequantize: bool,
 }
 
 impl ModelArgs {
@@ -37,6 +41,13 @@ impl ModelArgs {
         match &self.model {
             Some(p) => Ok(p.clone()),
             None => fetch_with_spinner(),
+        }
+    }
+
+    /// How to load the weights.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            dequantize: self.dequantize,
         }
     }
 
@@ -57,12 +68,16 @@ pub fn tokenizer(gguf: &GgufFile<'_>) -> Result<Tokenizer> {
 }
 
 /// Loads the model onto `device` with a progress bar on stderr.
-pub fn load_model<B: Backend>(gguf: &GgufFile<'_>, device: &B::Device) -> Result<LlamaModel<B>> {
+pub fn load_model<B: EngineBackend>(
+    gguf: &GgufFile<'_>,
+    device: &B::Device,
+    options: LoadOptions,
+) -> Result<LlamaModel<B>> {
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("loading {bar:30} {pos}/{len} tensors {elapsed}")
             .expect("valid template"),
     );
-    let model = LlamaModel::from_gguf(gguf, device, &mut |done, total| {
+    let model = LlamaModel::from_gguf_with(gguf, device, options, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     });

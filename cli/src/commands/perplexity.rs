@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
+use fornax_engine::model::LoadOptions;
 use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::Tokenizer;
@@ -31,6 +32,7 @@ struct Score<'a> {
     ids: Vec<u32>,
     chunk: usize,
     kv: KvArgs,
+    load: LoadOptions,
     gguf: &'a GgufFile<'a>,
 }
 
@@ -42,7 +44,7 @@ impl BackendTask for Score<'_> {
         device: B::Device,
         info: DeviceInfo,
     ) -> Result<()> {
-        let model = load_model::<B>(self.gguf, &device)?;
+        let model = load_model::<B>(self.gguf, &device, self.load)?;
         let t = Instant::now();
         let logprobs = if self.kv.contiguous_kv {
             token_logprobs_in(&model, &mut model.new_cache(), &self.ids, self.chunk)?
@@ -81,6 +83,7 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         ids,
         chunk: args.chunk,
         kv: args.kv.clone(),
+        load: args.model.load_options(),
         gguf: &gguf,
     };
     run_on(args.model.backend, task)?

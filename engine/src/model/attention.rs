@@ -1,14 +1,14 @@
 //! Grouped-query self-attention with RoPE, computed in f32, over either the contiguous
 //! cache of one sequence or the paged cache of a ragged batch.
 
-use burn::module::Module;
+use crate::EngineBackend;
 use burn::tensor::{activation::softmax, backend::Backend, Tensor, TensorData};
 
 use super::{KvCache, Linear, Rope};
-use crate::kv::{AttentionShape, PagedAttentionOps, PagedBatch, PagedKv};
+use crate::kv::{AttentionShape, PagedBatch, PagedKv};
 
 /// Attention projections of one block.
-#[derive(Module, Debug)]
+#[derive(Debug, Clone)]
 pub struct Attention<B: Backend> {
     pub q: Linear<B>,
     pub k: Linear<B>,
@@ -18,7 +18,7 @@ pub struct Attention<B: Backend> {
     pub n_kv_heads: usize,
 }
 
-impl<B: Backend> Attention<B> {
+impl<B: EngineBackend> Attention<B> {
     /// Attends `x` (`[tokens, d_model]`, first token at position `start`) over the cache
     /// of `layer`, appending this call's keys and values to it.
     pub fn forward(
@@ -49,10 +49,7 @@ impl<B: Backend> Attention<B> {
         kv: &mut PagedKv<B>,
         batch: &PagedBatch<B>,
         layer: usize,
-    ) -> Tensor<B, 2>
-    where
-        B: PagedAttentionOps,
-    {
+    ) -> Tensor<B, 2> {
         let [_, d_model] = x.dims();
         let q = rope.apply_rows(
             self.q.forward(x.clone()),

@@ -1,13 +1,13 @@
 //! One pre-norm transformer block: attention and SwiGLU, each with a residual.
 
-use burn::module::Module;
+use crate::EngineBackend;
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::{Attention, KvCache, Mlp, RmsNorm, Rope};
-use crate::kv::{PagedAttentionOps, PagedBatch, PagedKv};
+use crate::kv::{PagedBatch, PagedKv};
 
 /// A Llama decoder block.
-#[derive(Module, Debug)]
+#[derive(Debug, Clone)]
 pub struct Block<B: Backend> {
     pub attn_norm: RmsNorm<B>,
     pub attn: Attention<B>,
@@ -15,7 +15,7 @@ pub struct Block<B: Backend> {
     pub mlp: Mlp<B>,
 }
 
-impl<B: Backend> Block<B> {
+impl<B: EngineBackend> Block<B> {
     /// Runs the block on `[tokens, d_model]` starting at position `start`.
     pub fn forward(
         &self,
@@ -36,10 +36,7 @@ impl<B: Backend> Block<B> {
         kv: &mut PagedKv<B>,
         batch: &PagedBatch<B>,
         layer: usize,
-    ) -> Tensor<B, 2>
-    where
-        B: PagedAttentionOps,
-    {
+    ) -> Tensor<B, 2> {
         self.residuals(x, |n| self.attn.forward_paged(n, rope, kv, batch, layer))
     }
 

@@ -1,25 +1,76 @@
-//! A bias-free linear layer with its weight stored `[in, out]` for `x @ w`.
+//! A bias-free linear layer whose weight is FP32 or block-quantized.
 
-use burn::module::{Module, Param};
-use burn::tensor::{backend::Backend, Tensor};
+use burn::tensor::{backend::Backend, Int, Tensor};
 
-/// `y = x @ weight`, no bias (Llama has none).
-#[derive(Module, Debug)]
+use crate::quant::{QuantMatrix, QuantOps};
+
+/// The weight of a [`Linear`] layer.
+#[derive(Debug, Clone)]
+pub enum Weight<B: Backend> {
+    /// FP32, stored `[in, out]` for `x @ w`.
+    Dense(Tensor<B, 2>),
+    /// Block-quantized, stored `[out, in]` as GGUF stores it.
+    Quant(QuantMatrix<B>),
+}
+
+/// `y = x @ W`, no bias (Llama has none).
+#[derive(Debug, Clone)]
 pub struct Linear<B: Backend> {
-    /// Weight of shape `[in, out]`.
-    pub weight: Param<Tensor<B, 2>>,
+    pub weight: Weight<B>,
 }
 
 impl<B: Backend> Linear<B> {
-    /// Wraps a `[in, out]` weight.
+    /// Wraps an FP32 `[in, out]` weight.
     pub fn new(weight: Tensor<B, 2>) -> Self {
         Self {
-            weight: Param::from_tensor(weight),
+            weight: Weight::Dense(weight),
         }
     }
 
+    /// Wraps a quantized `[out, in]` weight.
+    pub fn quantized(weight: QuantMatrix<B>) -> Self {
+        Self {
+            weight: Weight::Quant(weight),
+        }
+    }
+
+    /// The device holding the weight.
+    pub fn device(&self) -> B::Device {
+        match &self.weight {
+            Weight::Dense(w) => w.device(),
+            Weight::Quant(q) => q.quants.device(),
+        }
+    }
+
+    /// Bytes the weight takes on the device.
+    pub fn bytes(&self) -> usize {
+        match &self.weight {
+            Weight::Dense(w) => w.shape().num_elements() * w.dtype().size(),
+            Weight::Quant(q) => q.bytes(),
+        }
+    }
+
+    /// Whether the weight is kept quantized.
+    pub fn is_quantized(&self) -> bool {
+        matches!(self.weight, Weight::Quant(_))
+    }
+}
+
+impl<B: QuantOps> Linear<B> {
     /// Applies the layer to `x` of shape `[tokens, in]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        x.matmul(self.weight.val())
+        match &self.weight {
+            Weight::Dense(w) => x.matmul(w.clone()),
+            Weight::Quant(q) => B::quant_matmul(x, q),
+        }
+    }
+
+    /// Columns `ids` of `W` as rows `[ids, in]`: the embedding lookup of a table that is
+    /// also the tied output layer.
+    pub fn columns(&self, ids: Tensor<B, 1, Int>) -> Tensor<B, 2> {
+        match &self.weight {
+            Weight::Dense(w) => w.clone().select(1, ids).transpose(),
+            Weight::Quant(q) => B::quant_rows(ids, q),
+        }
     }
 }

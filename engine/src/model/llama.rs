@@ -1,10 +1,10 @@
 //! The Llama transformer: embedding, blocks, final norm and (tied) output layer.
 
-use burn::module::{Module, Param};
+use crate::EngineBackend;
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{Block, KvCache, Linear, LlamaConfig, ModelError, RmsNorm, Rope};
-use crate::kv::{KvCapacity, KvDims, PagedAttentionOps, PagedKv, SeqId, TierPolicy};
+use crate::kv::{KvCapacity, KvDims, PagedKv, SeqId, TierPolicy};
 
 /// Which positions get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,11 +23,11 @@ pub struct SeqTokens<'a> {
 }
 
 /// The network's parameters.
-#[derive(Module, Debug)]
+#[derive(Debug, Clone)]
 pub struct Llama<B: Backend> {
-    /// Token embedding table stored transposed, `[d_model, vocab]`, so the tied output
-    /// layer is a plain `x @ table`.
-    pub embedding: Param<Tensor<B, 2>>,
+    /// Token embedding table as the layer `d_model -> vocab`, so that it also serves as
+    /// the tied output layer; the lookup reads its columns.
+    pub embedding: Linear<B>,
     /// Separate output layer when embeddings are not tied.
     pub output: Option<Linear<B>>,
     pub blocks: Vec<Block<B>>,
@@ -43,6 +43,33 @@ pub struct LlamaModel<B: Backend> {
 }
 
 impl<B: Backend> LlamaModel<B> {
+    /// Every matrix: the embedding (also the tied output layer), the output layer if
+    /// separate, then each block's seven.
+    pub fn matrices(&self) -> impl Iterator<Item = &Linear<B>> {
+        let blocks = self.net.blocks.iter().flat_map(|b| {
+            [
+                &b.attn.q,
+                &b.attn.k,
+                &b.attn.v,
+                &b.attn.o,
+                &b.mlp.gate,
+                &b.mlp.up,
+                &b.mlp.down,
+            ]
+        });
+        std::iter::once(&self.net.embedding)
+            .chain(&self.net.output)
+            .chain(blocks)
+    }
+
+    /// Bytes of all weights on the device: matrices and norm vectors.
+    pub fn weight_bytes(&self) -> usize {
+        let norms = (2 * self.config.n_layers + 1) * self.config.d_model * 4;
+        self.matrices().map(Linear::bytes).sum::<usize>() + norms
+    }
+}
+
+impl<B: EngineBackend> LlamaModel<B> {
     /// An empty cache sized for this model.
     pub fn new_cache(&self) -> KvCache<B> {
         KvCache::new(self.config.n_layers)
@@ -50,7 +77,7 @@ impl<B: Backend> LlamaModel<B> {
 
     /// The device the parameters live on.
     pub fn device(&self) -> B::Device {
-        self.net.embedding.val().device()
+        self.net.embedding.device()
     }
 
     /// Runs `tokens` (continuing the sequence in `cache`) and returns logits
@@ -97,10 +124,7 @@ impl<B: Backend> LlamaModel<B> {
         batch: &[SeqTokens<'_>],
         kv: &mut PagedKv<B>,
         logits: Logits,
-    ) -> Result<Tensor<B, 2>, ModelError>
-    where
-        B: PagedAttentionOps,
-    {
+    ) -> Result<Tensor<B, 2>, ModelError> {
         if batch.is_empty() {
             return Err(ModelError::EmptyInput);
         }
@@ -153,7 +177,7 @@ impl<B: Backend> LlamaModel<B> {
         let ids: Vec<i64> = tokens.map(i64::from).collect();
         let n = ids.len();
         let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), &self.device());
-        self.net.embedding.val().select(1, ids).transpose()
+        self.net.embedding.columns(ids)
     }
 
     /// Final norm and output layer.
@@ -161,7 +185,7 @@ impl<B: Backend> LlamaModel<B> {
         let x = self.net.norm.forward(x);
         match &self.net.output {
             Some(out) => out.forward(x),
-            None => x.matmul(self.net.embedding.val()),
+            None => self.net.embedding.forward(x),
         }
     }
 }

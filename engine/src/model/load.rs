@@ -1,4 +1,5 @@
-//! Builds a [`LlamaModel`] from GGUF tensors (dequantized to f32 on the host).
+//! Builds a [`LlamaModel`] from GGUF tensors: quantized matrices stay quantized on
+//! backends with the kernels for them, everything else is dequantized to FP32 on the host.
 
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
@@ -6,6 +7,15 @@ use super::{
     Attention, Block, Linear, Llama, LlamaConfig, LlamaModel, Mlp, ModelError, RmsNorm, Rope,
 };
 use crate::gguf::{GgufError, GgufFile};
+use crate::quant::{PackedMatrix, QuantMatrix, QuantOps};
+
+/// How the weights are loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Dequantize every matrix to FP32 even where quantized kernels exist (the reference
+    /// path, `--dequantize`).
+    pub dequantize: bool,
+}
 
 struct Loader<'f, 'a, B: Backend> {
     file: &'f GgufFile<'a>,
@@ -13,12 +23,14 @@ struct Loader<'f, 'a, B: Backend> {
     done: usize,
     total: usize,
     progress: &'f mut dyn FnMut(usize, usize),
+    /// Keep quantized matrices quantized.
+    quantized: bool,
 }
 
 impl<B: Backend> Loader<'_, '_, B> {
-    /// Dequantizes `name` and checks its row-major shape.
-    fn values(&mut self, name: &str, dims: &[usize]) -> Result<Vec<f32>, ModelError> {
-        let (values, found) = self.file.dequantize(name)?;
+    /// Checks that `name` has row-major shape `dims` and counts it as loaded.
+    fn check(&mut self, name: &str, dims: &[usize]) -> Result<(), ModelError> {
+        let found = self.file.tensor(name)?.dims_row_major();
         if found != dims {
             return Err(GgufError::ShapeMismatch {
                 name: name.to_string(),
@@ -29,7 +41,13 @@ impl<B: Backend> Loader<'_, '_, B> {
         }
         self.done += 1;
         (self.progress)(self.done, self.total);
-        Ok(values)
+        Ok(())
+    }
+
+    /// Dequantizes `name` after checking its row-major shape.
+    fn values(&mut self, name: &str, dims: &[usize]) -> Result<Vec<f32>, ModelError> {
+        self.check(name, dims)?;
+        Ok(self.file.dequantize(name)?.0)
     }
 
     fn vector(&mut self, name: &str, len: usize) -> Result<Tensor<B, 1>, ModelError> {
@@ -57,17 +75,41 @@ impl<B: Backend> Loader<'_, '_, B> {
         ))
     }
 
+    /// The `[out, in]` matrix `name` as a layer `in -> out`: quantized blocks uploaded
+    /// as they are when the loader keeps them, else FP32.
     fn linear(&mut self, name: &str, inp: usize, out: usize) -> Result<Linear<B>, ModelError> {
-        Ok(Linear::new(self.transposed(name, out, inp)?))
+        let info = self.file.tensor(name)?;
+        let packed = match self.quantized && info.dims_row_major() == [out, inp] {
+            true => PackedMatrix::pack(info.ggml_type, self.file.tensor_bytes(info), out, inp),
+            false => None,
+        };
+        match packed {
+            Some(packed) => {
+                self.check(name, &[out, inp])?;
+                Ok(Linear::quantized(QuantMatrix::upload(&packed, self.device)))
+            }
+            None => Ok(Linear::new(self.transposed(name, out, inp)?)),
+        }
     }
 }
 
-impl<B: Backend> LlamaModel<B> {
-    /// Loads a llama-architecture GGUF onto `device`; `progress(done, total)` is called
-    /// after each tensor.
+impl<B: QuantOps> LlamaModel<B> {
+    /// Loads a llama-architecture GGUF onto `device`, keeping quantized matrices
+    /// quantized where `B` has kernels for them; `progress(done, total)` is called after
+    /// each tensor.
     pub fn from_gguf(
         file: &GgufFile<'_>,
         device: &B::Device,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self, ModelError> {
+        Self::from_gguf_with(file, device, LoadOptions::default(), progress)
+    }
+
+    /// [`Self::from_gguf`] with options.
+    pub fn from_gguf_with(
+        file: &GgufFile<'_>,
+        device: &B::Device,
+        options: LoadOptions,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
         let c = LlamaConfig::from_gguf(file)?;
@@ -79,8 +121,9 @@ impl<B: Backend> LlamaModel<B> {
             done: 0,
             total,
             progress,
+            quantized: !options.dequantize && B::has_quant_kernels(),
         };
-        let embedding = l.transposed("token_embd.weight", c.vocab_size, d)?;
+        let embedding = l.linear("token_embd.weight", d, c.vocab_size)?;
         let output = match c.tied_embeddings {
             true => None,
             false => Some(l.linear("output.weight", d, c.vocab_size)?),
@@ -109,7 +152,7 @@ impl<B: Backend> LlamaModel<B> {
         let norm = RmsNorm::new(l.vector("output_norm.weight", d)?, c.rms_eps);
         Ok(Self {
             net: Llama {
-                embedding: burn::module::Param::from_tensor(embedding),
+                embedding,
                 output,
                 blocks,
                 norm,

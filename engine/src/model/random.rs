@@ -1,7 +1,6 @@
 //! A small model with random weights, for unit tests of the layers (never for claims
 //! about the real model).
 
-use burn::module::Param;
 use burn::tensor::{backend::Backend, Distribution, Tensor};
 
 use super::{Attention, Block, Linear, Llama, LlamaConfig, LlamaModel, Mlp, RmsNorm, Rope};
@@ -37,7 +36,7 @@ impl<B: Backend> LlamaModel<B> {
             .collect();
         Self {
             net: Llama {
-                embedding: Param::from_tensor(w(d, config.vocab_size)),
+                embedding: Linear::new(w(d, config.vocab_size)),
                 output: None,
                 blocks,
                 norm: norm(),

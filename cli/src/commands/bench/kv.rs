@@ -165,7 +165,7 @@ impl BackendTask for KvBench<'_> {
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
         let a = self.args;
-        let model = load_model::<B>(self.gguf, &device)?;
+        let model = load_model::<B>(self.gguf, &device, a.model.load_options())?;
         let dims = model.kv_dims();
         println!("backend: {} | adapter: {}", info.kind, info.adapter);
         println!(

@@ -1,4 +1,5 @@
-//! `fornax bench single`: one sequence's prefill and decode speed.
+//! `fornax bench single`: one sequence's prefill and decode speed, and the device memory
+//! of the weights, with quantized weights and with FP32 weights side by side.
 
 use std::time::Instant;
 
@@ -6,11 +7,12 @@ use anyhow::Result;
 use clap::Args;
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::Logits;
+use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
 use fornax_engine::tokenizer::Tokenizer;
-use fornax_engine::{logits_to_vec, prefill};
+use fornax_engine::{logits_to_vec, prefill, EngineBackend};
 
 use super::super::{load_model, parse, tokenizer, ModelArgs};
+use super::median;
 
 #[derive(Args, Debug)]
 pub struct SingleArgs {
@@ -31,31 +33,51 @@ struct Single<'a> {
     args: &'a SingleArgs,
     gguf: &'a GgufFile<'a>,
     tok: &'a Tokenizer,
+    file_bytes: usize,
 }
 
-use super::median;
+/// Figures of one way of holding the weights.
+struct PathFigures {
+    name: &'static str,
+    quantized: usize,
+    matrices: usize,
+    weight_bytes: usize,
+    /// Growth of the allocator's bytes in use while loading, where the backend reports it.
+    device_bytes: Option<u64>,
+    load_s: f64,
+    prefill_tps: f64,
+    decode_tps: f64,
+}
 
-impl BackendTask for Single<'_> {
-    type Output = Result<()>;
-
-    fn run<B: fornax_engine::EngineBackend>(
-        self,
-        device: B::Device,
-        info: DeviceInfo,
-    ) -> Result<()> {
-        let a = self.args;
-        let t = Instant::now();
-        let model = load_model::<B>(self.gguf, &device)?;
-        let load_s = t.elapsed().as_secs_f64();
+impl Single<'_> {
+    fn prompt(&self) -> Result<Vec<u32>> {
         // A prompt of the requested length cut from real text.
         let text = "The history of computing is a story of abstractions built on abstractions. "
-            .repeat(a.prompt_tokens);
-        let prompt: Vec<u32> = self
+            .repeat(self.args.prompt_tokens);
+        Ok(self
             .tok
             .encode(&text, false)?
             .into_iter()
-            .take(a.prompt_tokens)
-            .collect();
+            .take(self.args.prompt_tokens)
+            .collect())
+    }
+
+    fn measure<B: EngineBackend>(
+        &self,
+        device: &B::Device,
+        name: &'static str,
+        options: LoadOptions,
+    ) -> Result<PathFigures> {
+        let a = self.args;
+        let before = B::device_memory(device);
+        let t = Instant::now();
+        let model: LlamaModel<B> = load_model::<B>(self.gguf, device, options)?;
+        B::sync(device)?;
+        let load_s = t.elapsed().as_secs_f64();
+        let device_bytes = B::device_memory(device)
+            .zip(before)
+            .map(|(after, before)| after.bytes_in_use.saturating_sub(before.bytes_in_use));
+        let prompt = self.prompt()?;
         let (mut prefill_tps, mut decode_tps) = (Vec::new(), Vec::new());
         for run in 0..=a.runs {
             let mut cache = model.new_cache();
@@ -73,20 +95,77 @@ impl BackendTask for Single<'_> {
                 decode_tps.push(a.gen_tokens as f64 / decode_s);
             }
         }
+        Ok(PathFigures {
+            name,
+            quantized: model.matrices().filter(|m| m.is_quantized()).count(),
+            matrices: model.matrices().count(),
+            weight_bytes: model.weight_bytes(),
+            device_bytes,
+            load_s,
+            prefill_tps: median(prefill_tps),
+            decode_tps: median(decode_tps),
+        })
+    }
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+impl BackendTask for Single<'_> {
+    type Output = Result<()>;
+
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+        let a = self.args;
+        let mut paths = Vec::new();
+        if B::has_quant_kernels() && !a.model.dequantize {
+            paths.push(self.measure::<B>(&device, "quantized", LoadOptions::default())?);
+        }
+        paths.push(self.measure::<B>(&device, "f32", LoadOptions { dequantize: true })?);
+
         println!("backend: {} | adapter: {}", info.kind, info.adapter);
-        println!("load: {load_s:.2} s");
         println!(
-            "prefill: {:.1} tokens/s (prompt {} tokens, median of {} runs)",
-            median(prefill_tps),
-            prompt.len(),
-            a.runs
-        );
-        println!(
-            "decode:  {:.2} tokens/s ({} tokens after the prompt, median of {} runs)",
-            median(decode_tps),
+            "model file: {} | prompt {} tokens, {} decoded tokens, median of {} runs",
+            mb(self.file_bytes as u64),
+            a.prompt_tokens,
             a.gen_tokens,
             a.runs
         );
+        if !B::has_quant_kernels() {
+            println!("this backend has no quantized-weight kernels: weights are FP32");
+        }
+        println!(
+            "| weights | quantized matrices | weight bytes | device memory (vs file) | load s | prefill tok/s | decode tok/s |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for p in &paths {
+            let device = match p.device_bytes {
+                Some(b) => format!(
+                    "{} ({:+.1}%)",
+                    mb(b),
+                    (b as f64 / self.file_bytes as f64 - 1.0) * 100.0
+                ),
+                None => "host memory".to_string(),
+            };
+            println!(
+                "| {} | {}/{} | {} | {device} | {:.2} | {:.1} | {:.2} |",
+                p.name,
+                p.quantized,
+                p.matrices,
+                mb(p.weight_bytes as u64),
+                p.load_s,
+                p.prefill_tps,
+                p.decode_tps
+            );
+        }
+        if let [q, f] = &paths[..] {
+            println!(
+                "quantized vs f32: weights {:.2}x smaller, prefill {:.2}x, decode {:.2}x",
+                f.weight_bytes as f64 / q.weight_bytes as f64,
+                q.prefill_tps / f.prefill_tps,
+                q.decode_tps / f.decode_tps
+            );
+        }
         Ok(())
     }
 }
@@ -101,6 +180,7 @@ pub fn run(args: SingleArgs) -> Result<()> {
             args: &args,
             gguf: &gguf,
             tok: &tok,
+            file_bytes: file.bytes().len(),
         },
     )?
 }

@@ -1,0 +1,367 @@
+//! Matrix products with GGUF block-quantized weights, dequantized in registers and
+//! accumulated in FP32, written once in CubeCL.
+//!
+//! A weight matrix has `rows` (outputs) of `cols` (inputs, a multiple of 32) values, stored
+//! as GGUF stores it: row after row, each row a run of blocks of 32 values. A block lives
+//! in two arrays, so the device copy is as small as the file:
+//! - `quants`: the block's codes, 4 words for Q4_0 / Q4_1 (value `j < 16` in the low nibble
+//!   of byte `j`, value `j + 16` in its high nibble, byte `j` in bits `8 (j % 4)..` of word
+//!   `j / 4`), 8 words for Q8_0 (value `j` in byte `j`, two's complement).
+//! - `scales`: IEEE halves. Q4_1 has a word per block (`d` low, `m` high); Q4_0 and Q8_0
+//!   have one half `d` per block, two blocks per word (the even block low).
+//!
+//! Every format decodes as `d * q + m`: Q4_1 stores `m`, Q4_0 has `m = -8 d` (codes 0..15
+//! centred on 8), Q8_0 has `m = 0` with signed codes. A product over a block is thus
+//! `d * sum(q x) + m * sum(x)`, one multiply per value.
+//!
+//! Kernels: [`quant_matvec`] for a few tokens (decode), [`quant_matmul`] tiled through
+//! workgroup memory for many (prefill), [`quant_rows`] to gather rows (embedding lookup).
+
+use cubecl::prelude::*;
+
+use crate::paged_attention::half_to_f32;
+
+/// Values per quantization block.
+pub const QBLOCK: usize = 32;
+/// Format code of Q4_0.
+pub const Q4_0: u32 = 0;
+/// Format code of Q4_1.
+pub const Q4_1: u32 = 1;
+/// Format code of Q8_0.
+pub const Q8_0: u32 = 2;
+
+/// Most tokens one [`quant_matvec`] launch handles; larger batches use [`quant_matmul`].
+pub const MATVEC_MAX_TOKENS: usize = 8;
+/// Tokens per tile of [`quant_matmul`].
+pub const TILE_TOKENS: usize = 32;
+/// Output rows per tile of [`quant_matmul`].
+pub const TILE_ROWS: usize = 64;
+/// Units per side of a [`quant_matmul`] cube (8 x 8, one per row of the tile).
+pub const TILE_UNITS: usize = 8;
+
+/// `u32` words of codes per block.
+pub const fn quant_words(format: u32) -> usize {
+    if format == Q8_0 {
+        8
+    } else {
+        4
+    }
+}
+
+/// Codes per word: four bytes (Q8_0) or eight nibbles (Q4_x).
+pub const fn codes_per_word(format: u32) -> usize {
+    if format == Q8_0 {
+        4
+    } else {
+        8
+    }
+}
+
+/// Bit position of code `p` within its word.
+pub const fn code_shift(format: u32, p: usize) -> u32 {
+    if format == Q8_0 {
+        8 * p as u32
+    } else {
+        (8 * (p % 4) + 4 * (p / 4)) as u32
+    }
+}
+
+/// Index in the block (0..32) of code `p` of word `w`.
+pub const fn code_value(format: u32, w: usize, p: usize) -> usize {
+    if format == Q8_0 {
+        4 * w + p
+    } else {
+        4 * w + p % 4 + 16 * (p / 4)
+    }
+}
+
+/// The scale `d` of `block`.
+#[cube]
+fn block_d(scales: &Array<u32>, block: usize, #[comptime] format: u32) -> f32 {
+    if comptime!(format == Q4_1) {
+        half_to_f32(scales[block] & 65535)
+    } else {
+        let word = scales[block / 2];
+        half_to_f32((word >> (16 * (block as u32 % 2))) & 65535)
+    }
+}
+
+/// The offset `m` of `block` given its scale `d`.
+#[cube]
+fn block_m(scales: &Array<u32>, block: usize, d: f32, #[comptime] format: u32) -> f32 {
+    if comptime!(format == Q4_1) {
+        half_to_f32(scales[block] >> 16)
+    } else if comptime!(format == Q4_0) {
+        d * -8.0
+    } else {
+        f32::new(0.0)
+    }
+}
+
+/// The code at bit `shift` of `word`: a signed byte (Q8_0) or an unsigned nibble (Q4_x).
+#[cube]
+fn code(word: u32, #[comptime] shift: u32, #[comptime] format: u32) -> f32 {
+    if comptime!(format == Q8_0) {
+        let byte = (word >> shift) & 255;
+        f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7)
+    } else {
+        f32::cast_from((word >> shift) & 15)
+    }
+}
+
+/// `out[t, r] = sum_c x[t, c] * W[r, c]` for up to `tokens` tokens (the compile-time bound;
+/// `n_tokens` at run time).
+///
+/// Cube `(lanes, rows_per_cube)`: the `lanes` units of a row split its blocks, each keeps
+/// one FP32 sum per token, and the sums meet in workgroup memory. One lane per row suits
+/// CPU-like devices (lavapipe), where each unit is a SIMD lane walking its own row.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn quant_matvec(
+    x: &Array<f32>,
+    quants: &Array<u32>,
+    scales: &Array<u32>,
+    out: &mut Array<f32>,
+    rows: u32,
+    cols: u32,
+    n_tokens: u32,
+    #[comptime] format: u32,
+    #[comptime] tokens: usize,
+    #[comptime] lanes: usize,
+    #[comptime] rows_per_cube: usize,
+) {
+    let lane = UNIT_POS_X as usize;
+    let local_row = UNIT_POS_Y as usize;
+    let row = CUBE_POS_X as usize * rows_per_cube + local_row;
+    let rows = rows as usize;
+    let cols = cols as usize;
+    let n_tokens = n_tokens as usize;
+    let blocks = cols / QBLOCK;
+    let words = comptime!(quant_words(format));
+    let per_word = comptime!(codes_per_word(format));
+    // Tokens past `n_tokens` read the last token again; their sums are never written.
+    let mut x_row = Array::<usize>::new(tokens);
+    #[unroll]
+    for t in 0..tokens {
+        x_row[t] = select(t < n_tokens, t, n_tokens - 1) * cols;
+    }
+
+    let mut acc = Array::<f32>::new(tokens);
+    #[unroll]
+    for t in 0..tokens {
+        acc[t] = 0.0;
+    }
+    if row < rows {
+        let mut b = lane;
+        while b < blocks {
+            let block = row * blocks + b;
+            let d = block_d(scales, block, format);
+            let m = block_m(scales, block, d, format);
+            let mut dot = Array::<f32>::new(tokens);
+            let mut sum = Array::<f32>::new(tokens);
+            #[unroll]
+            for t in 0..tokens {
+                dot[t] = 0.0;
+                sum[t] = 0.0;
+            }
+            #[unroll]
+            for w in 0..words {
+                let word = quants[block * words + w];
+                #[unroll]
+                for p in 0..per_word {
+                    let q = code(word, comptime!(code_shift(format, p)), format);
+                    let c = b * QBLOCK + comptime!(code_value(format, w, p));
+                    #[unroll]
+                    for t in 0..tokens {
+                        let xv = x[x_row[t] + c];
+                        dot[t] += q * xv;
+                        if comptime!(format != Q8_0) {
+                            sum[t] += xv;
+                        }
+                    }
+                }
+            }
+            #[unroll]
+            for t in 0..tokens {
+                acc[t] += d * dot[t];
+                if comptime!(format != Q8_0) {
+                    acc[t] += m * sum[t];
+                }
+            }
+            b += lanes;
+        }
+    }
+
+    if comptime!(lanes == 1) {
+        if row < rows {
+            #[unroll]
+            for t in 0..tokens {
+                if t < n_tokens {
+                    out[t * rows + row] = acc[t];
+                }
+            }
+        }
+    } else {
+        let mut partial = SharedMemory::<f32>::new(tokens * lanes * rows_per_cube);
+        #[unroll]
+        for t in 0..tokens {
+            partial[(t * rows_per_cube + local_row) * lanes + lane] = acc[t];
+        }
+        sync_cube();
+        if lane == 0 && row < rows {
+            #[unroll]
+            for t in 0..tokens {
+                let mut total = f32::new(0.0);
+                #[unroll]
+                for l in 0..lanes {
+                    total += partial[(t * rows_per_cube + local_row) * lanes + l];
+                }
+                if t < n_tokens {
+                    out[t * rows + row] = total;
+                }
+            }
+        }
+    }
+}
+
+/// `out[t, r] = sum_c x[t, c] * W[r, c]` for any number of tokens, tiled.
+///
+/// Cube `(8, 8)` per tile of 32 tokens x 64 rows. For each block column the cube stages the
+/// tile's 32 x 32 inputs and its 64 rows' blocks, dequantized (unit `u` decodes row `u`'s
+/// block), in workgroup memory (12 KiB, inside WebGPU's 16 KiB); unit `(ux, uy)` then adds
+/// up tokens `uy + 8 a` for rows `ux + 8 r`, 32 sums in registers. Every weight is decoded
+/// once per tile. The weights are staged column-major so that neighbouring units read
+/// neighbouring words.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn quant_matmul(
+    x: &Array<f32>,
+    quants: &Array<u32>,
+    scales: &Array<u32>,
+    out: &mut Array<f32>,
+    rows: u32,
+    cols: u32,
+    n_tokens: u32,
+    #[comptime] format: u32,
+) {
+    let ux = UNIT_POS_X as usize;
+    let uy = UNIT_POS_Y as usize;
+    let unit = uy * TILE_UNITS + ux;
+    let row0 = CUBE_POS_X as usize * TILE_ROWS;
+    let tok0 = CUBE_POS_Y as usize * TILE_TOKENS;
+    let rows = rows as usize;
+    let cols = cols as usize;
+    let n_tokens = n_tokens as usize;
+    let blocks = cols / QBLOCK;
+    let words = comptime!(quant_words(format));
+    let per_word = comptime!(codes_per_word(format));
+    let units = comptime!(TILE_UNITS * TILE_UNITS);
+    let tok_per_unit = comptime!(TILE_TOKENS / TILE_UNITS);
+    let rows_per_unit = comptime!(TILE_ROWS / TILE_UNITS);
+
+    let mut xs = SharedMemory::<f32>::new(TILE_TOKENS * QBLOCK);
+    let mut ws = SharedMemory::<f32>::new(QBLOCK * TILE_ROWS);
+    let mut acc = Array::<f32>::new(tok_per_unit * rows_per_unit);
+    #[unroll]
+    for i in 0..tok_per_unit * rows_per_unit {
+        acc[i] = 0.0;
+    }
+
+    let w_row = row0 + unit;
+    let in_range = w_row < rows;
+    for b in 0..blocks {
+        #[unroll]
+        for i in 0..comptime!(TILE_TOKENS * QBLOCK / (TILE_UNITS * TILE_UNITS)) {
+            let idx = unit + i * units;
+            let t = tok0 + idx / QBLOCK;
+            let mut v = f32::new(0.0);
+            if t < n_tokens {
+                v = x[t * cols + b * QBLOCK + idx % QBLOCK];
+            }
+            xs[idx] = v;
+        }
+        let block = w_row * blocks + b;
+        let mut d = f32::new(0.0);
+        let mut m = f32::new(0.0);
+        if in_range {
+            d = block_d(scales, block, format);
+            m = block_m(scales, block, d, format);
+        }
+        #[unroll]
+        for w in 0..words {
+            let mut word = 0u32;
+            if in_range {
+                word = quants[block * words + w];
+            }
+            #[unroll]
+            for p in 0..per_word {
+                let q = code(word, comptime!(code_shift(format, p)), format);
+                ws[comptime!(code_value(format, w, p)) * TILE_ROWS + unit] = d * q + m;
+            }
+        }
+        sync_cube();
+        #[unroll]
+        for k in 0..QBLOCK {
+            let mut wv = Array::<f32>::new(rows_per_unit);
+            #[unroll]
+            for r in 0..rows_per_unit {
+                wv[r] = ws[k * TILE_ROWS + ux + r * TILE_UNITS];
+            }
+            #[unroll]
+            for a in 0..tok_per_unit {
+                let xv = xs[(uy + a * TILE_UNITS) * QBLOCK + k];
+                #[unroll]
+                for r in 0..rows_per_unit {
+                    acc[a * rows_per_unit + r] += xv * wv[r];
+                }
+            }
+        }
+        sync_cube();
+    }
+
+    #[unroll]
+    for a in 0..tok_per_unit {
+        let t = tok0 + uy + a * TILE_UNITS;
+        #[unroll]
+        for r in 0..rows_per_unit {
+            let row = row0 + ux + r * TILE_UNITS;
+            if t < n_tokens && row < rows {
+                out[t * rows + row] = acc[a * rows_per_unit + r];
+            }
+        }
+    }
+}
+
+/// `out[t, c] = W[ids[t], c]`: rows gathered and dequantized (the embedding lookup).
+///
+/// Cube `(block columns / 32, token)`, 32 units, one block of the row each.
+#[cube(launch)]
+pub fn quant_rows(
+    ids: &Array<u32>,
+    quants: &Array<u32>,
+    scales: &Array<u32>,
+    out: &mut Array<f32>,
+    cols: u32,
+    #[comptime] format: u32,
+) {
+    let b = CUBE_POS_X as usize * QBLOCK + UNIT_POS_X as usize;
+    let t = CUBE_POS_Y as usize;
+    let cols = cols as usize;
+    let blocks = cols / QBLOCK;
+    let words = comptime!(quant_words(format));
+    let per_word = comptime!(codes_per_word(format));
+    if b < blocks {
+        let block = ids[t] as usize * blocks + b;
+        let d = block_d(scales, block, format);
+        let m = block_m(scales, block, d, format);
+        #[unroll]
+        for w in 0..words {
+            let word = quants[block * words + w];
+            #[unroll]
+            for p in 0..per_word {
+                let q = code(word, comptime!(code_shift(format, p)), format);
+                out[t * cols + b * QBLOCK + comptime!(code_value(format, w, p))] = d * q + m;
+            }
+        }
+    }
+}

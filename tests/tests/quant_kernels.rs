@@ -1,0 +1,197 @@
+//! The quantized-weight kernels (CubeCL, on wgpu: lavapipe here) against
+//! dequantize-then-matmul on random GGUF blocks of all three formats.
+//!
+//! The reference decodes the original GGUF bytes with the GGUF reader's own decoder and
+//! multiplies with burn's FP32 matmul on the same device; the kernels read the repacked
+//! words. Both compute in FP32 over the same values and differ only in summation order and
+//! fused multiply-adds, so the tolerance is relative to the size of the terms summed:
+//! `|kernel - reference| <= 1e-5 * sum_c |x_c w_c|` (about 1e-6 is seen).
+
+use burn::tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
+use fornax_backends::{wgpu_device, WgpuBackend};
+use fornax_engine::gguf::GgmlType;
+use fornax_engine::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};
+use fornax_shaders::quant_launch::{self, MatvecShape, QuantTensors};
+use half::f16;
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+type B = WgpuBackend;
+
+const FORMATS: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+
+/// GGUF bytes of a `[rows, cols]` matrix with random scales and codes.
+fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for _ in 0..rows * cols / 32 {
+        let d = f16::from_f32(rng.random_range(0.002f32..0.05));
+        bytes.extend(d.to_le_bytes());
+        if ty == GgmlType::Q4_1 {
+            bytes.extend(f16::from_f32(rng.random_range(-0.4f32..0.1)).to_le_bytes());
+        }
+        let codes = if ty == GgmlType::Q8_0 { 32 } else { 16 };
+        bytes.extend((0..codes).map(|_| rng.random::<u8>()));
+    }
+    assert_eq!(
+        bytes.len() as u64,
+        ty.bytes_for((rows * cols) as u64).unwrap()
+    );
+    bytes
+}
+
+struct Case {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    /// Dequantized by the GGUF decoder, `[rows, cols]`.
+    values: Vec<f32>,
+    weight: QuantMatrix<B>,
+}
+
+fn case(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Case {
+    let device = wgpu_device().expect("a wgpu adapter").0;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let bytes = random_blocks(ty, rows, cols, &mut rng);
+    let mut values = vec![0.0f32; rows * cols];
+    ty.dequantize(&bytes, &mut values);
+    let packed = PackedMatrix::pack(ty, &bytes, rows, cols).expect("a kernel format");
+    assert_eq!(
+        packed.dequantize(),
+        values,
+        "repacked words decode as the file"
+    );
+    Case {
+        ty,
+        rows,
+        cols,
+        values,
+        weight: QuantMatrix::upload(&packed, &device),
+    }
+}
+
+fn host(t: Tensor<B, 2>) -> Vec<f32> {
+    t.into_data().convert::<f32>().into_vec().unwrap()
+}
+
+/// Runs `tokens` random rows through the kernels (`shape` for the matrix-vector one, or
+/// the device's default) and checks them against the reference; returns the worst error
+/// relative to the tolerance.
+fn check(c: &Case, tokens: usize, shape: Option<MatvecShape>) -> f32 {
+    let device = wgpu_device().unwrap().0;
+    let x: Tensor<B, 2> =
+        Tensor::random([tokens, c.cols], Distribution::Uniform(-1.0, 1.0), &device);
+    let w = Tensor::<B, 2>::from_data(TensorData::new(c.values.clone(), [c.rows, c.cols]), &device);
+    let reference = host(x.clone().matmul(w.transpose()));
+    let tensors = QuantTensors {
+        quants: c.weight.quants.clone().into_primitive(),
+        scales: c.weight.scales.clone().into_primitive(),
+        format: format_code(c.ty).unwrap(),
+        rows: c.rows,
+        cols: c.cols,
+    };
+    let out = quant_launch::matmul(x.clone().into_primitive().tensor(), &tensors, shape);
+    let kernel = host(Tensor::from_primitive(TensorPrimitive::Float(out)));
+    let xs = host(x);
+    let mut worst = 0.0f32;
+    for t in 0..tokens {
+        for r in 0..c.rows {
+            let scale: f32 = (0..c.cols)
+                .map(|k| (xs[t * c.cols + k] * c.values[r * c.cols + k]).abs())
+                .sum();
+            let diff = (kernel[t * c.rows + r] - reference[t * c.rows + r]).abs();
+            worst = worst.max(diff / (1e-5 * scale));
+        }
+    }
+    eprintln!(
+        "{:?} [{} x {}], {tokens} tokens, {}: worst error {:.3} of the tolerance",
+        c.ty,
+        c.rows,
+        c.cols,
+        match (tokens, shape) {
+            (9.., _) => "tiled".to_string(),
+            (_, Some(s)) => format!("matvec {} lanes", s.lanes),
+            (_, None) => "matvec (device default)".to_string(),
+        },
+        worst
+    );
+    assert!(worst <= 1.0, "{:?} {tokens} tokens: {worst}", c.ty);
+    worst
+}
+
+#[test]
+fn matvec_kernel_matches_dequantize_then_matmul() {
+    for (i, ty) in FORMATS.into_iter().enumerate() {
+        // Odd row counts: cubes that are partly past the last row.
+        let c = case(ty, 67, 96, i as u64);
+        for tokens in [1, 3, 8] {
+            for shape in [MatvecShape::ROW_PER_UNIT, MatvecShape::WARP_PER_ROW] {
+                check(&c, tokens, Some(shape));
+            }
+        }
+        let c = case(ty, 131, 576, 10 + i as u64);
+        check(&c, 1, None);
+        check(&c, 5, None);
+    }
+}
+
+#[test]
+fn tiled_kernel_matches_dequantize_then_matmul() {
+    for (i, ty) in FORMATS.into_iter().enumerate() {
+        // 67 rows: two row tiles, the second with 3 rows; 40 tokens: a full and a partial
+        // token tile; 9 tokens: the smallest batch that takes the tiled kernel.
+        let c = case(ty, 67, 96, 20 + i as u64);
+        check(&c, 9, None);
+        check(&c, 40, None);
+        let c = case(ty, 131, 576, 30 + i as u64);
+        check(&c, 33, None);
+    }
+}
+
+#[test]
+fn row_gather_matches_the_dequantized_rows() {
+    let device = wgpu_device().unwrap().0;
+    for (i, ty) in FORMATS.into_iter().enumerate() {
+        let c = case(ty, 67, 1056, 40 + i as u64);
+        let ids = [66u32, 0, 5, 5, 31];
+        let idx = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(ids.map(|i| i as i32).to_vec(), [ids.len()]),
+            &device,
+        );
+        let rows = host(B::quant_rows(idx, &c.weight));
+        for (n, &id) in ids.iter().enumerate() {
+            let want = &c.values[id as usize * c.cols..(id as usize + 1) * c.cols];
+            let got = &rows[n * c.cols..(n + 1) * c.cols];
+            for (g, w) in got.iter().zip(want) {
+                // Exact up to a fused multiply-add in `d * q + m`.
+                assert!(
+                    (g - w).abs() <= 1e-6 * w.abs().max(1e-3),
+                    "{ty:?} row {id}: {g} vs {w}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn model_entry_points_use_the_kernels() {
+    // What the model calls: the matrix-vector kernel for a few tokens, and for many either
+    // the tiled kernel or FP32 products over dequantized chunks of 8,192 rows (lavapipe),
+    // here across a chunk boundary.
+    assert!(<B as QuantOps>::has_quant_kernels());
+    let c = case(GgmlType::Q4_1, 8195, 64, 50);
+    let device = wgpu_device().unwrap().0;
+    let w = Tensor::<B, 2>::from_data(TensorData::new(c.values.clone(), [c.rows, 64]), &device);
+    for tokens in [2, 20] {
+        let x: Tensor<B, 2> =
+            Tensor::random([tokens, 64], Distribution::Uniform(-1.0, 1.0), &device);
+        let want = host(x.clone().matmul(w.clone().transpose()));
+        let got = host(B::quant_matmul(x, &c.weight));
+        assert_eq!(got.len(), want.len());
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        eprintln!("{tokens} tokens x 8195 rows through QuantOps: max |diff| {worst:.2e}");
+        assert!(worst < 1e-4, "{tokens} tokens: {worst}");
+    }
+}
