@@ -8,9 +8,13 @@ pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod sampling;
+pub mod sched;
 pub mod tokenizer;
 
 mod generate;
 pub use generate::{generate, generate_in, logits_to_vec, prefill, GenerateParams};
 pub mod score;
 pub mod seq_cache;
+
+mod engine;
+pub use engine::{Engine, Event, Request};

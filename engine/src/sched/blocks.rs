@@ -1,0 +1,64 @@
+//! What the scheduler needs from the KV cache: block counts, sequences to add and free.
+
+use burn::tensor::backend::Backend;
+
+use crate::kv::{BlockPool, PagedKv, SeqId, Tier, BLOCK_TOKENS};
+
+/// The KV block accounting the scheduler plans against.
+pub trait KvBlocks {
+    /// Free blocks new tokens can be written to (FP32).
+    fn free_blocks(&self) -> usize;
+    /// Blocks `seq` needs to hold `extra` more tokens.
+    fn blocks_needed(&self, seq: SeqId, extra: usize) -> usize;
+    /// Tokens the whole pool can hold.
+    fn capacity_tokens(&self) -> usize;
+    /// Registers an empty sequence.
+    fn add_sequence(&mut self) -> SeqId;
+    /// Frees a sequence and its blocks.
+    fn free_sequence(&mut self, seq: SeqId);
+}
+
+impl KvBlocks for BlockPool {
+    fn free_blocks(&self) -> usize {
+        BlockPool::free_blocks(self, Tier::F32)
+    }
+
+    fn blocks_needed(&self, seq: SeqId, extra: usize) -> usize {
+        BlockPool::blocks_needed(self, seq, extra).unwrap_or(extra.div_ceil(BLOCK_TOKENS))
+    }
+
+    fn capacity_tokens(&self) -> usize {
+        self.capacity().total() * BLOCK_TOKENS
+    }
+
+    fn add_sequence(&mut self) -> SeqId {
+        BlockPool::add_sequence(self)
+    }
+
+    fn free_sequence(&mut self, seq: SeqId) {
+        // Freeing an unknown sequence has nothing to free.
+        let _ = BlockPool::free_sequence(self, seq);
+    }
+}
+
+impl<B: Backend> KvBlocks for PagedKv<B> {
+    fn free_blocks(&self) -> usize {
+        self.pool.free_blocks(Tier::F32)
+    }
+
+    fn blocks_needed(&self, seq: SeqId, extra: usize) -> usize {
+        KvBlocks::blocks_needed(&self.pool, seq, extra)
+    }
+
+    fn capacity_tokens(&self) -> usize {
+        self.pool.capacity_tokens()
+    }
+
+    fn add_sequence(&mut self) -> SeqId {
+        PagedKv::add_sequence(self)
+    }
+
+    fn free_sequence(&mut self, seq: SeqId) {
+        let _ = PagedKv::free_sequence(self, seq);
+    }
+}

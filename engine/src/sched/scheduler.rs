@@ -1,0 +1,262 @@
+//! The batch builder: which requests run how many tokens each step, and who is preempted.
+
+use std::collections::BTreeMap;
+
+use super::{Entry, FinishReason, KvBlocks, Policy, PolicyKind, RequestId, SubmitError};
+use crate::kv::{SeqId, BLOCK_TOKENS};
+
+/// Limits of one step.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulerConfig {
+    /// Tokens per step, all sequences together (`--max-batch-tokens`).
+    pub max_batch_tokens: usize,
+    /// Sequences per step (`--max-batch`).
+    pub max_batch: usize,
+    /// The model's context length.
+    pub max_seq_len: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_batch_tokens: 2048,
+            max_batch: 64,
+            max_seq_len: 8192,
+        }
+    }
+}
+
+/// One request's share of a step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduled {
+    pub id: RequestId,
+    pub seq: SeqId,
+    /// The tokens to run, continuing after those already computed.
+    pub tokens: Vec<u32>,
+    /// Whether they complete the request's context, so the step's last logits give its
+    /// next token.
+    pub samples: bool,
+}
+
+/// What one step runs.
+#[derive(Debug, Clone, Default)]
+pub struct StepPlan {
+    pub batch: Vec<Scheduled>,
+    /// Requests preempted to make room: their blocks are freed, they recompute later.
+    pub preempted: Vec<RequestId>,
+}
+
+impl StepPlan {
+    /// Tokens in the batch.
+    pub fn tokens(&self) -> usize {
+        self.batch.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// Requests in flight and the policy that orders them.
+pub struct Scheduler {
+    pub config: SchedulerConfig,
+    policy: Box<dyn Policy>,
+    requests: BTreeMap<RequestId, Entry>,
+    next_id: u64,
+    step: u64,
+    /// Preemptions so far.
+    pub preemptions: u64,
+}
+
+impl Scheduler {
+    /// An empty scheduler.
+    pub fn new(config: SchedulerConfig, policy: PolicyKind) -> Self {
+        Self {
+            policy: policy.build(config.max_seq_len),
+            config,
+            requests: BTreeMap::new(),
+            next_id: 0,
+            step: 0,
+            preemptions: 0,
+        }
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Queues a request; refuses at once one that could never run.
+    pub fn submit(
+        &mut self,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        qos: u8,
+        kv: &impl KvBlocks,
+    ) -> Result<RequestId, SubmitError> {
+        if prompt.is_empty() {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if max_tokens == 0 {
+            return Err(SubmitError::NoTokensWanted);
+        }
+        if qos > 3 {
+            return Err(SubmitError::BadQos(qos));
+        }
+        let (p, limit) = (prompt.len(), self.config.max_seq_len);
+        if p + max_tokens > limit {
+            return Err(SubmitError::ContextOverflow {
+                prompt: p,
+                max_tokens,
+                limit,
+            });
+        }
+        // The last generated token is never fed back, so `p + max_tokens - 1` are cached.
+        let capacity = kv.capacity_tokens();
+        if (p + max_tokens - 1).div_ceil(BLOCK_TOKENS) * BLOCK_TOKENS > capacity {
+            return Err(SubmitError::NeverFits {
+                prompt: p,
+                max_tokens,
+                capacity,
+            });
+        }
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.requests.insert(
+            id,
+            Entry {
+                id,
+                qos,
+                arrival: id.0,
+                submitted_step: self.step,
+                prompt_len: p,
+                tokens: prompt,
+                max_tokens,
+                computed: 0,
+                seq: None,
+                preemptions: 0,
+            },
+        );
+        Ok(id)
+    }
+
+    /// A request's progress.
+    pub fn get(&self, id: RequestId) -> Option<&Entry> {
+        self.requests.get(&id)
+    }
+
+    /// Requests not finished.
+    pub fn len(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Whether no request is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Requests holding KV blocks.
+    pub fn running(&self) -> usize {
+        self.requests.values().filter(|r| r.seq.is_some()).count()
+    }
+
+    /// Removes a request and frees its blocks; `None` if it was not in flight.
+    pub fn remove(&mut self, id: RequestId, kv: &mut impl KvBlocks) -> Option<Entry> {
+        let entry = self.requests.remove(&id)?;
+        if let Some(seq) = entry.seq {
+            kv.free_sequence(seq);
+        }
+        Some(entry)
+    }
+
+    /// Plans the next step: requests in policy order catch up as far as the token budget,
+    /// the sequence cap and the free blocks allow. When blocks run out, requests later in
+    /// the order are preempted for earlier ones; a request that cannot get blocks and has
+    /// no one behind it to preempt gives up its own so that those ahead can progress.
+    pub fn plan(&mut self, kv: &mut impl KvBlocks) -> StepPlan {
+        let step = self.step;
+        self.step += 1;
+        let mut order: Vec<(f64, u64, RequestId)> = self
+            .requests
+            .values()
+            .map(|r| (self.policy.key(r, step), r.arrival, r.id))
+            .collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let order: Vec<RequestId> = order.into_iter().map(|(_, _, id)| id).collect();
+
+        let mut plan = StepPlan::default();
+        let mut budget = self.config.max_batch_tokens;
+        let mut free = kv.free_blocks();
+        for (rank, &id) in order.iter().enumerate() {
+            if budget == 0 || plan.batch.len() == self.config.max_batch {
+                break;
+            }
+            let r = &self.requests[&id];
+            let n = r.pending().min(budget);
+            let needed = match r.seq {
+                Some(seq) => kv.blocks_needed(seq, n),
+                None => n.div_ceil(BLOCK_TOKENS),
+            };
+            // Preempt from the back of the order (not yet planned, holding blocks).
+            while needed > free {
+                let victim = order[rank + 1..]
+                    .iter()
+                    .rev()
+                    .find(|v| self.requests[v].seq.is_some())
+                    .copied();
+                let Some(victim) = victim else { break };
+                free += self.preempt(victim, kv);
+                plan.preempted.push(victim);
+            }
+            if needed > free {
+                if self.requests[&id].seq.is_some() {
+                    // Nobody behind it holds blocks: it yields its own.
+                    free += self.preempt(id, kv);
+                    plan.preempted.push(id);
+                }
+                continue;
+            }
+            free -= needed;
+            budget -= n;
+            let r = self.requests.get_mut(&id).expect("in order");
+            let seq = *r.seq.get_or_insert_with(|| kv.add_sequence());
+            plan.batch.push(Scheduled {
+                id,
+                seq,
+                tokens: r.tokens[r.computed..r.computed + n].to_vec(),
+                samples: r.computed + n == r.tokens.len(),
+            });
+        }
+        plan
+    }
+
+    /// Frees `id`'s blocks; it will recompute from the start. Returns blocks freed.
+    fn preempt(&mut self, id: RequestId, kv: &mut impl KvBlocks) -> usize {
+        let r = self.requests.get_mut(&id).expect("in flight");
+        let seq = r.seq.take().expect("holds blocks");
+        let before = kv.free_blocks();
+        kv.free_sequence(seq);
+        r.computed = 0;
+        r.preemptions += 1;
+        self.preemptions += 1;
+        kv.free_blocks() - before
+    }
+
+    /// Records that `s` ran (its tokens are now cached) and, when it sampled, the new
+    /// token; returns why the request finished, if it did. A finished request stays until
+    /// [`Self::remove`].
+    pub fn complete(
+        &mut self,
+        s: &Scheduled,
+        sampled: Option<u32>,
+        stop_ids: &[u32],
+    ) -> Option<FinishReason> {
+        let r = self.requests.get_mut(&s.id)?;
+        r.computed += s.tokens.len();
+        let token = sampled?;
+        r.tokens.push(token);
+        if stop_ids.contains(&token) {
+            Some(FinishReason::Stop)
+        } else if r.generated() >= r.max_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}
