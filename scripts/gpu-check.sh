@@ -2,8 +2,9 @@
 # CUDA checks on a machine with an NVIDIA GPU, given a fornax binary built with
 # `--features cuda` and the default model: greedy tokens of the reference prompts against
 # the float reference (through the paged KV cache and our attention kernels), perplexity
-# of the reference text over the paged and the contiguous cache, `bench single` and
-# `bench kv`.
+# of the reference text over the paged and the contiguous cache and with FP32 weights
+# (`--dequantize`; the default keeps Q4_1/Q8_0 weights quantized for our matmul kernels),
+# `bench single` (quantized and FP32 weights side by side), `bench kv` and `bench load`.
 # Usage: scripts/gpu-check.sh FORNAX_BINARY MODEL.gguf [OUT_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,5 +36,7 @@ for i, p in enumerate(ref):
 PY
 "$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model"
 "$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model" --contiguous-kv
+"$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model" --dequantize
 "$bin" bench single --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --runs 5
 "$bin" bench kv --backend cuda --model "$model" --text "$ref/ppl_text.txt" --steps 32
+"$bin" bench load --backend cuda --model "$model" --text "$ref/ppl_text.txt" --requests 64

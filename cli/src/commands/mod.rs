@@ -5,6 +5,7 @@ pub mod generate;
 pub mod info;
 pub mod kv_args;
 pub mod perplexity;
+pub mod sched_args;
 pub mod tokenize;
 
 use std::path::PathBuf;

@@ -77,6 +77,15 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
+    /// The flag spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fcfs => "fcfs",
+            Self::Seed => "seed",
+            Self::QosAging => "qos-aging",
+        }
+    }
+
     /// Builds the policy; `norm_len` normalises lengths for [`SeedScore`].
     pub fn build(self, norm_len: usize) -> Box<dyn Policy> {
         match self {

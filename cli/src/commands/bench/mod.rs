@@ -1,6 +1,7 @@
 //! `fornax bench`: measured figures printed side by side, never pass/fail.
 
 mod kv;
+mod load;
 mod single;
 
 use anyhow::Result;
@@ -12,12 +13,15 @@ pub enum BenchCommand {
     Single(single::SingleArgs),
     /// The paged KV cache: bytes per token, perplexity and decode speed for each tier policy.
     Kv(kv::KvBenchArgs),
+    /// Open-loop load: one at a time vs static batches vs continuous batching.
+    Load(load::LoadArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Single(args) => single::run(args),
         BenchCommand::Kv(args) => kv::run(args),
+        BenchCommand::Load(args) => load::run(args),
     }
 }
 

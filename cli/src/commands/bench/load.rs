@@ -1,0 +1,332 @@
+//! `fornax bench load`: a seeded open-loop load (Poisson arrivals, mixed prompt and output
+//! lengths, mixed QoS) at a fraction of the measured capacity, served three ways in one
+//! process: one request at a time, static batches gathered in a time window, and
+//! continuous batching.
+//!
+//! Time is virtual but measured: the clock advances by the wall time of each engine step,
+//! and jumps over idle gaps to the next arrival instead of sleeping, so a run takes only
+//! the compute it needs while arrivals, waits and latencies are those of a real-time run.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::model::LlamaModel;
+use fornax_engine::sampling::SamplingParams;
+use fornax_engine::sched::{PolicyKind, RequestId};
+use fornax_engine::{Engine, EngineBackend, Event, Request};
+use rand::{rngs::StdRng, Rng, SeedableRng};
+
+use super::super::kv_args::KvArgs;
+use super::super::sched_args::SchedArgs;
+use super::super::{load_model, parse, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct LoadArgs {
+    /// Requests in the load.
+    #[arg(long, default_value_t = 32)]
+    pub requests: usize,
+    /// Offered load as a fraction of the measured continuous-batching capacity.
+    #[arg(long, default_value_t = 0.8)]
+    pub load: f64,
+    /// Prompt length range in tokens (inclusive).
+    #[arg(long, num_args = 2, default_values_t = [16, 96])]
+    pub prompt_tokens: Vec<usize>,
+    /// Output length range in tokens (inclusive).
+    #[arg(long, num_args = 2, default_values_t = [8, 40])]
+    pub output_tokens: Vec<usize>,
+    /// Seed of the workload.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Text the prompts are cut from.
+    #[arg(long, default_value = "tests/reference/ppl_text.txt")]
+    pub text: std::path::PathBuf,
+    #[command(flatten)]
+    pub sched: SchedArgs,
+    #[command(flatten)]
+    pub kv: KvArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// One request of the workload.
+#[derive(Debug, Clone)]
+struct Job {
+    arrival: f64,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    qos: u8,
+}
+
+/// How requests are admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// One request at a time, in arrival order.
+    Single,
+    /// Batches gathered for the window, run to completion before the next is admitted.
+    Static,
+    /// Requests join at the next step; an idle engine waits the window to gather.
+    Continuous,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Single => "(a) one at a time",
+            Mode::Static => "(b) static batches, time window",
+            Mode::Continuous => "(c) continuous batching",
+        }
+    }
+}
+
+/// Figures of one run.
+#[derive(Debug, Default)]
+struct Figures {
+    generated: usize,
+    makespan: f64,
+    busy: f64,
+    ttft: Vec<f64>,
+    e2e: Vec<f64>,
+    failed: usize,
+    preemptions: u64,
+}
+
+fn percentile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+struct LoadBench<'a> {
+    args: &'a LoadArgs,
+    gguf: &'a GgufFile<'a>,
+}
+
+impl LoadBench<'_> {
+    /// The workload with arrival times for `rate` requests per second.
+    fn jobs(&self, text: &[u32], rate: f64) -> Vec<Job> {
+        let a = self.args;
+        let mut rng = StdRng::seed_from_u64(a.seed);
+        let mut t = 0.0;
+        (0..a.requests)
+            .map(|_| {
+                let len = rng.random_range(a.prompt_tokens[0]..=a.prompt_tokens[1]);
+                let start = rng.random_range(0..text.len() - len);
+                let job = Job {
+                    arrival: t,
+                    prompt: text[start..start + len].to_vec(),
+                    max_tokens: rng.random_range(a.output_tokens[0]..=a.output_tokens[1]),
+                    qos: rng.random_range(0..4),
+                };
+                // Exponential gaps: a Poisson process.
+                t += -(1.0 - rng.random::<f64>()).ln() / rate;
+                job
+            })
+            .collect()
+    }
+
+    /// Serves `jobs` in `mode` on a fresh engine.
+    fn serve<B: EngineBackend>(&self, model: &LlamaModel<B>, jobs: &[Job], mode: Mode) -> Figures {
+        let a = self.args;
+        let mut config = a.sched.config();
+        if mode == Mode::Single {
+            config.max_batch = 1;
+        }
+        let policy = match mode {
+            Mode::Continuous => a.sched.policy,
+            _ => PolicyKind::Fcfs,
+        };
+        let capacity = a.kv.capacity(model.kv_dims(), config.max_batch, 256);
+        let kv = model.new_paged_cache(capacity, a.kv.policy());
+        let mut engine = Engine::new(model, kv, config, policy);
+        let window = a.sched.window_s();
+        let mut f = Figures::default();
+        let mut now = 0.0f64;
+        let mut next = 0;
+        let mut live: HashMap<RequestId, (usize, bool)> = HashMap::new();
+        let start = jobs.first().map_or(0.0, |j| j.arrival);
+        while next < jobs.len() || !engine.is_idle() {
+            // Admission.
+            let idle = engine.is_idle();
+            let arrived = jobs[next..].iter().take_while(|j| j.arrival <= now).count();
+            let admit = match mode {
+                Mode::Single | Mode::Static if !idle => 0,
+                Mode::Single => arrived.min(1),
+                Mode::Static | Mode::Continuous if idle => {
+                    let gathered = arrived > 0 && now >= jobs[next].arrival + window;
+                    let full = arrived >= config.max_batch;
+                    if gathered || full {
+                        arrived.min(config.max_batch)
+                    } else {
+                        0
+                    }
+                }
+                Mode::Static | Mode::Continuous => arrived,
+            };
+            for j in &jobs[next..next + admit] {
+                let req = Request {
+                    prompt: j.prompt.clone(),
+                    max_tokens: j.max_tokens,
+                    qos: j.qos,
+                    sampling: SamplingParams::greedy(),
+                    stop_ids: vec![],
+                };
+                match engine.submit(req) {
+                    Ok(id) => {
+                        live.insert(id, (next, false));
+                    }
+                    Err(_) => f.failed += 1,
+                }
+                next += 1;
+            }
+            if engine.is_idle() {
+                // Nothing to run: jump to when the next admission happens (the window
+                // closes, or enough requests arrived to fill a batch).
+                if next < jobs.len() {
+                    let mut at = jobs[next].arrival;
+                    if mode != Mode::Single {
+                        at += window;
+                        if let Some(j) = jobs.get(next + config.max_batch - 1) {
+                            at = at.min(j.arrival);
+                        }
+                    }
+                    now = now.max(at);
+                }
+                continue;
+            }
+            let t = Instant::now();
+            let events = match engine.step() {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("step failed: {e}");
+                    f.failed += engine.sched.len();
+                    break;
+                }
+            };
+            let dt = t.elapsed().as_secs_f64();
+            now += dt;
+            f.busy += dt;
+            for e in events {
+                match e {
+                    Event::Token { id, .. } => {
+                        f.generated += 1;
+                        let (j, seen) = live.get_mut(&id).expect("live request");
+                        if !*seen {
+                            *seen = true;
+                            f.ttft.push(now - jobs[*j].arrival);
+                        }
+                    }
+                    Event::Finished { id, .. } => {
+                        let (j, _) = live.remove(&id).expect("live request");
+                        f.e2e.push(now - jobs[j].arrival);
+                    }
+                }
+            }
+        }
+        f.makespan = now - start;
+        f.preemptions = engine.sched.preemptions;
+        f
+    }
+}
+
+impl BackendTask for LoadBench<'_> {
+    type Output = Result<()>;
+
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+        let a = self.args;
+        anyhow::ensure!(
+            a.prompt_tokens[0] >= 1 && a.prompt_tokens[0] <= a.prompt_tokens[1],
+            "--prompt-tokens takes MIN MAX"
+        );
+        anyhow::ensure!(
+            a.output_tokens[0] >= 1 && a.output_tokens[0] <= a.output_tokens[1],
+            "--output-tokens takes MIN MAX"
+        );
+        let model = load_model::<B>(self.gguf, &device, a.model.load_options())?;
+        let text = self.text()?;
+        anyhow::ensure!(text.len() > a.prompt_tokens[1], "the text is too short");
+
+        // Capacity: the whole workload at once through continuous batching.
+        let burst: Vec<Job> = self
+            .jobs(&text, 1.0)
+            .into_iter()
+            .map(|j| Job { arrival: 0.0, ..j })
+            .collect();
+        let cap = self.serve(&model, &burst, Mode::Continuous);
+        let capacity = burst.len() as f64 / cap.makespan;
+        let rate = a.load * capacity;
+        let jobs = self.jobs(&text, rate);
+        println!("backend: {} | adapter: {}", info.kind, info.adapter);
+        println!(
+            "workload: {} requests (seed {}), prompts {}..={} tokens, outputs {}..={} tokens, QoS 0..3",
+            a.requests, a.seed, a.prompt_tokens[0], a.prompt_tokens[1], a.output_tokens[0], a.output_tokens[1]
+        );
+        println!(
+            "capacity (all at once, continuous): {capacity:.3} requests/s; offered {:.0}%: {rate:.3} requests/s (Poisson)",
+            a.load * 100.0
+        );
+        println!(
+            "batch window {} ms, max batch {}, max batch tokens {}, policy {}",
+            a.sched.batch_window_ms,
+            a.sched.max_batch,
+            a.sched.max_batch_tokens,
+            a.sched.policy.name()
+        );
+        println!("| mode | tokens/min | TTFT P50 s | TTFT P99 s | end-to-end P50 s | P99 s | device busy | failed | preemptions |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        let mut rows = Vec::new();
+        for mode in [Mode::Single, Mode::Static, Mode::Continuous] {
+            let f = self.serve(&model, &jobs, mode);
+            println!(
+                "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0}% | {} | {} |",
+                mode.name(),
+                f.generated as f64 / f.makespan * 60.0,
+                percentile(&f.ttft, 0.5),
+                percentile(&f.ttft, 0.99),
+                percentile(&f.e2e, 0.5),
+                percentile(&f.e2e, 0.99),
+                f.busy / f.makespan * 100.0,
+                f.failed,
+                f.preemptions
+            );
+            rows.push(f);
+        }
+        let tpm = |f: &Figures| f.generated as f64 / f.makespan;
+        println!(
+            "continuous vs one at a time: throughput {:.2}x, end-to-end P99 {:.2}x lower; vs static: throughput {:.2}x",
+            tpm(&rows[2]) / tpm(&rows[0]),
+            percentile(&rows[0].e2e, 0.99) / percentile(&rows[2].e2e, 0.99),
+            tpm(&rows[2]) / tpm(&rows[1]),
+        );
+        Ok(())
+    }
+}
+
+impl LoadBench<'_> {
+    /// Prompt material: the reference text, tokenized.
+    fn text(&self) -> Result<Vec<u32>> {
+        let tok = super::super::tokenizer(self.gguf)?;
+        let path = &self.args.text;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Ok(tok.encode(&text, false)?)
+    }
+}
+
+pub fn run(args: LoadArgs) -> Result<()> {
+    let file = args.model.open()?;
+    let gguf = parse(&file)?;
+    run_on(
+        args.model.backend,
+        LoadBench {
+            args: &args,
+            gguf: &gguf,
+        },
+    )?
+}

@@ -1,0 +1,38 @@
+//! Flags of the continuous-batching scheduler shared by the commands that serve requests.
+
+use clap::Args;
+use fornax_engine::sched::{PolicyKind, SchedulerConfig};
+
+/// Scheduler settings.
+#[derive(Args, Debug, Clone)]
+pub struct SchedArgs {
+    /// Tokens per step, all sequences together (prefill chunks and decodes).
+    #[arg(long, default_value_t = 2048)]
+    pub max_batch_tokens: usize,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 64)]
+    pub max_batch: usize,
+    /// How long an idle engine waits to gather a batch, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pub batch_window_ms: u64,
+    /// Priority policy: qos-aging (QoS class, then least remaining work, ageing one class
+    /// per 64 steps), fcfs, or seed (0.6 x length + 0.4 x QoS).
+    #[arg(long, default_value = "qos-aging")]
+    pub policy: PolicyKind,
+}
+
+impl SchedArgs {
+    /// The scheduler limits (the context length is the model's, set by the engine).
+    pub fn config(&self) -> SchedulerConfig {
+        SchedulerConfig {
+            max_batch_tokens: self.max_batch_tokens.max(1),
+            max_batch: self.max_batch.max(1),
+            ..SchedulerConfig::default()
+        }
+    }
+
+    /// The batch window in seconds.
+    pub fn window_s(&self) -> f64 {
+        self.batch_window_ms as f64 / 1000.0
+    }
+}
