@@ -119,3 +119,104 @@ fn preemption_keeps_every_output_unchanged() {
     // Each request needs at most 3 blocks alone; eight together need about 16.
     run_on(BackendKind::Cpu, Batching { blocks: 5 }).unwrap();
 }
+
+/// The engine on its own thread: requests sent through the command channel stream the
+/// same tokens as alone; a client that hangs up mid-stream is cancelled and its blocks
+/// return to the pool; a request that can never fit is refused at once.
+struct Threaded;
+
+impl BackendTask for Threaded {
+    type Output = ();
+
+    fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) {
+        use fornax::engine_loop::{run_engine, Command, Update};
+        use std::sync::mpsc::channel;
+        use std::time::Duration;
+
+        let gguf = GgufFile::parse(model_file().bytes()).unwrap();
+        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let prompts = prompts();
+        let request = |i: usize, max_tokens: usize| Request {
+            prompt: prompts[i].clone(),
+            max_tokens,
+            qos: 0,
+            sampling: SamplingParams::greedy(),
+            stop_ids: vec![],
+        };
+        let want: Vec<Vec<u32>> = (0..2)
+            .map(|i| {
+                let params = GenerateParams {
+                    max_tokens: 12,
+                    ..GenerateParams::default()
+                };
+                generate(&model, &prompts[i], &params, |_| true).unwrap()
+            })
+            .collect();
+        let kv = model.new_paged_cache(KvCapacity::f32_only(16), TierPolicy::DEFAULT);
+        let mut engine = Engine::new(
+            &model,
+            kv,
+            SchedulerConfig::default(),
+            PolicyKind::default(),
+        );
+        let (commands, inbox) = channel();
+        std::thread::scope(|s| {
+            let runner = s.spawn(move || {
+                run_engine(&mut engine, &inbox, Duration::from_millis(50));
+                engine
+            });
+            let mut streams = Vec::new();
+            for i in 0..2 {
+                let (tx, rx) = channel();
+                commands
+                    .send(Command::Submit {
+                        request: request(i, 12),
+                        updates: tx,
+                    })
+                    .unwrap();
+                streams.push(rx);
+            }
+            // A client that reads one token and hangs up.
+            let (tx, quitter) = channel();
+            commands
+                .send(Command::Submit {
+                    request: request(2, 200),
+                    updates: tx,
+                })
+                .unwrap();
+            // One that can never fit the 16-block pool.
+            let (tx, refused) = channel();
+            commands
+                .send(Command::Submit {
+                    request: request(3, 600),
+                    updates: tx,
+                })
+                .unwrap();
+            assert!(matches!(refused.recv().unwrap(), Update::Rejected(_)));
+            assert!(matches!(quitter.recv().unwrap(), Update::Accepted(_)));
+            assert!(matches!(quitter.recv().unwrap(), Update::Token(_)));
+            drop(quitter);
+            for (i, rx) in streams.into_iter().enumerate() {
+                let mut tokens = Vec::new();
+                for update in rx {
+                    match update {
+                        Update::Token(t) => tokens.push(t),
+                        Update::Finished(_) => break,
+                        Update::Accepted(_) => {}
+                        other => panic!("prompt {i}: {other:?}"),
+                    }
+                }
+                assert_eq!(tokens, want[i], "prompt {i}: streamed vs alone");
+            }
+            drop(commands);
+            let engine = runner.join().unwrap();
+            assert!(engine.is_idle(), "the hung-up request was cancelled");
+            assert_eq!(engine.kv_stats().blocks_used, 0, "its blocks are back");
+        });
+    }
+}
+
+#[test]
+fn engine_thread_streams_tokens_and_cancels_hung_up_clients() {
+    run_on(BackendKind::Cpu, Threaded).unwrap();
+}
