@@ -89,6 +89,8 @@ struct Figures {
     makespan: f64,
     busy: f64,
     ttft: Vec<f64>,
+    /// Time to first token per QoS class.
+    ttft_by_qos: [Vec<f64>; 4],
     e2e: Vec<f64>,
     failed: usize,
     preemptions: u64,
@@ -132,14 +134,20 @@ impl LoadBench<'_> {
     }
 
     /// Serves `jobs` in `mode` on a fresh engine.
-    fn serve<B: EngineBackend>(&self, model: &LlamaModel<B>, jobs: &[Job], mode: Mode) -> Figures {
+    fn serve<B: EngineBackend>(
+        &self,
+        model: &LlamaModel<B>,
+        jobs: &[Job],
+        mode: Mode,
+        policy: PolicyKind,
+    ) -> Figures {
         let a = self.args;
         let mut config = a.sched.config();
         if mode == Mode::Single {
             config.max_batch = 1;
         }
         let policy = match mode {
-            Mode::Continuous => a.sched.policy,
+            Mode::Continuous => policy,
             _ => PolicyKind::Fcfs,
         };
         let capacity = a.kv.capacity(model.kv_dims(), config.max_batch, 256);
@@ -219,7 +227,9 @@ impl LoadBench<'_> {
                         let (j, seen) = live.get_mut(&id).expect("live request");
                         if !*seen {
                             *seen = true;
-                            f.ttft.push(now - jobs[*j].arrival);
+                            let ttft = now - jobs[*j].arrival;
+                            f.ttft.push(ttft);
+                            f.ttft_by_qos[jobs[*j].qos as usize].push(ttft);
                         }
                     }
                     Event::Finished { id, .. } => {
@@ -258,7 +268,7 @@ impl BackendTask for LoadBench<'_> {
             .into_iter()
             .map(|j| Job { arrival: 0.0, ..j })
             .collect();
-        let cap = self.serve(&model, &burst, Mode::Continuous);
+        let cap = self.serve(&model, &burst, Mode::Continuous, a.sched.policy);
         let capacity = burst.len() as f64 / cap.makespan;
         let rate = a.load * capacity;
         let jobs = self.jobs(&text, rate);
@@ -282,7 +292,7 @@ impl BackendTask for LoadBench<'_> {
         println!("|---|---|---|---|---|---|---|---|---|");
         let mut rows = Vec::new();
         for mode in [Mode::Single, Mode::Static, Mode::Continuous] {
-            let f = self.serve(&model, &jobs, mode);
+            let f = self.serve(&model, &jobs, mode, a.sched.policy);
             println!(
                 "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0}% | {} | {} |",
                 mode.name(),
@@ -304,6 +314,23 @@ impl BackendTask for LoadBench<'_> {
             percentile(&rows[0].e2e, 0.99) / percentile(&rows[2].e2e, 0.99),
             tpm(&rows[2]) / tpm(&rows[1]),
         );
+        // The policies side by side under continuous batching, on the same arrivals.
+        println!("| continuous, policy | tokens/min | TTFT P99 s, QoS 0 | QoS 1 | QoS 2 | QoS 3 | end-to-end P99 s |");
+        println!("|---|---|---|---|---|---|---|");
+        for policy in [PolicyKind::QosAging, PolicyKind::Fcfs, PolicyKind::Seed] {
+            let f = self.serve(&model, &jobs, Mode::Continuous, policy);
+            let q = |c: usize| percentile(&f.ttft_by_qos[c], 0.99);
+            println!(
+                "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                policy.name(),
+                f.generated as f64 / f.makespan * 60.0,
+                q(0),
+                q(1),
+                q(2),
+                q(3),
+                percentile(&f.e2e, 0.99)
+            );
+        }
         Ok(())
     }
 }
