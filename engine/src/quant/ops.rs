@@ -20,13 +20,23 @@ pub trait QuantOps: Backend {
 
     /// `x @ W^T` for `x` `[tokens, w.cols]`: `[tokens, w.rows]`.
     fn quant_matmul(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
-        x.matmul(dequantized(w).transpose())
+        reference_matmul(x, w)
     }
 
     /// Rows `ids` of `W`: `[ids, w.cols]`.
     fn quant_rows(ids: Tensor<Self, 1, Int>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
-        dequantized(w).select(0, ids)
+        reference_rows(ids, w)
     }
+}
+
+/// The reference product: `x @ W^T` over `W` dequantized (see [`dequantized`]).
+pub fn reference_matmul<B: Backend>(x: Tensor<B, 2>, w: &QuantMatrix<B>) -> Tensor<B, 2> {
+    x.matmul(dequantized(w).transpose())
+}
+
+/// The reference row gather over `W` dequantized.
+pub fn reference_rows<B: Backend>(ids: Tensor<B, 1, Int>, w: &QuantMatrix<B>) -> Tensor<B, 2> {
+    dequantized(w).select(0, ids)
 }
 
 /// The reference: `W` read back, dequantized on the host and uploaded as FP32.
@@ -96,7 +106,7 @@ where
 
     fn quant_matmul(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
         if !Self::has_quant_kernels() {
-            return x.matmul(dequantized(w).transpose());
+            return reference_matmul(x, w);
         }
         let x = x.into_primitive().tensor();
         if x.meta.shape()[0] > MATVEC_MAX_TOKENS && !quant_launch::tiled_for_many_tokens(&x.client)
@@ -109,7 +119,7 @@ where
 
     fn quant_rows(ids: Tensor<Self, 1, Int>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
         if !Self::has_quant_kernels() {
-            return dequantized(w).select(0, ids);
+            return reference_rows(ids, w);
         }
         let like: Tensor<Self, 1> = Tensor::empty([1], &ids.device());
         let out = quant_launch::rows(
