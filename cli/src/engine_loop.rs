@@ -1,21 +1,26 @@
 //! The engine driven from a thread of its own: requests arrive through a channel, tokens
 //! stream back through one channel per request, an idle engine waits the batch window to
-//! gather a batch, and a running one takes new requests at the next step.
+//! gather a batch, and a running one takes new requests at the next step. The engine's
+//! figures go to the metrics recorder (if one is installed) as they change.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use fornax_engine::sched::{FinishReason, RequestId, SubmitError};
 use fornax_engine::{Engine, EngineBackend, Event, Request};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::server::telemetry::record_engine;
+
+/// Where a request's updates go (readable from async code and, with `blocking_recv`,
+/// from plain threads).
+pub type Updates = UnboundedSender<Update>;
 
 /// What a client asks of the engine loop.
 pub enum Command {
     /// Queue a request; its updates go to `updates`.
-    Submit {
-        request: Request,
-        updates: Sender<Update>,
-    },
+    Submit { request: Request, updates: Updates },
     /// Cancel a request (its blocks return to the pool at once).
     Cancel(RequestId),
 }
@@ -42,9 +47,10 @@ pub fn run_engine<B: EngineBackend>(
     commands: &Receiver<Command>,
     window: Duration,
 ) {
-    let mut clients: HashMap<RequestId, Sender<Update>> = HashMap::new();
+    let mut clients: HashMap<RequestId, Updates> = HashMap::new();
     let mut open = true;
     loop {
+        record_engine(engine, false);
         if engine.is_idle() {
             if !open {
                 return;
@@ -78,7 +84,9 @@ pub fn run_engine<B: EngineBackend>(
         if engine.is_idle() {
             continue;
         }
-        match engine.step() {
+        let stepped = engine.step();
+        record_engine(engine, true);
+        match stepped {
             Ok(events) => {
                 for event in events {
                     match event {
@@ -111,7 +119,7 @@ pub fn run_engine<B: EngineBackend>(
 
 fn handle<B: EngineBackend>(
     engine: &mut Engine<'_, B>,
-    clients: &mut HashMap<RequestId, Sender<Update>>,
+    clients: &mut HashMap<RequestId, Updates>,
     command: Command,
 ) {
     match command {

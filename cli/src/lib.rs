@@ -1,7 +1,8 @@
 //! Host-side pieces of the Fornax command line that tests reuse: the model store
-//! (default model download and checks), opening GGUF files from disk, and the engine loop
-//! that serves requests from a thread.
+//! (default model download and checks), opening GGUF files from disk, the engine loop
+//! that serves requests from a thread, and the OpenAI-compatible HTTP server.
 
 pub mod engine_loop;
 pub mod model_file;
 pub mod model_store;
+pub mod server;

@@ -27,6 +27,8 @@ enum Command {
     Perplexity(commands::perplexity::PerplexityArgs),
     /// Fetch the default model into the cache (if missing) and print its path.
     Fetch,
+    /// Serve the OpenAI-compatible HTTP API (completions, chat, models, health, metrics).
+    Serve(commands::serve::ServeArgs),
     /// Benchmarks (not tests): print measured figures.
     #[command(subcommand)]
     Bench(commands::bench::BenchCommand),
@@ -40,6 +42,7 @@ fn main() {
         Command::Info(a) => commands::info::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
         Command::Fetch => commands::fetch(),
+        Command::Serve(a) => commands::serve::run(a),
         Command::Bench(b) => commands::bench::run(b),
     };
     if let Err(e) = result {

@@ -47,6 +47,8 @@ pub struct Engine<'m, B: EngineBackend> {
     /// Steps run and tokens computed in them.
     pub steps: u64,
     pub tokens_computed: u64,
+    /// Sequences and tokens of the last step's batch.
+    pub last_batch: (usize, usize),
 }
 
 impl<'m, B: EngineBackend> Engine<'m, B> {
@@ -68,6 +70,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             decoding: HashMap::new(),
             steps: 0,
             tokens_computed: 0,
+            last_batch: (0, 0),
         }
     }
 
@@ -102,6 +105,12 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         self.sched.is_empty()
     }
 
+    /// Requests admitted to run (holding KV blocks) and requests waiting.
+    pub fn load(&self) -> (usize, usize) {
+        let running = self.sched.running();
+        (running, self.sched.len() - running)
+    }
+
     /// The KV pool's figures.
     pub fn kv_stats(&self) -> KvStats {
         self.kv.stats()
@@ -128,6 +137,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             .forward_batch(&parts, &mut self.kv, Logits::Last)?;
         self.steps += 1;
         self.tokens_computed += plan.tokens() as u64;
+        self.last_batch = (plan.batch.len(), plan.tokens());
 
         // Read back only the rows that sample.
         let rows: Vec<i64> = (0..plan.batch.len())

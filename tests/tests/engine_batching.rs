@@ -132,6 +132,7 @@ impl BackendTask for Threaded {
         use fornax::engine_loop::{run_engine, Command, Update};
         use std::sync::mpsc::channel;
         use std::time::Duration;
+        use tokio::sync::mpsc::unbounded_channel;
 
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
         let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
@@ -167,7 +168,7 @@ impl BackendTask for Threaded {
             });
             let mut streams = Vec::new();
             for i in 0..2 {
-                let (tx, rx) = channel();
+                let (tx, rx) = unbounded_channel();
                 commands
                     .send(Command::Submit {
                         request: request(i, 12),
@@ -177,7 +178,7 @@ impl BackendTask for Threaded {
                 streams.push(rx);
             }
             // A client that reads one token and hangs up.
-            let (tx, quitter) = channel();
+            let (tx, mut quitter) = unbounded_channel();
             commands
                 .send(Command::Submit {
                     request: request(2, 200),
@@ -185,20 +186,26 @@ impl BackendTask for Threaded {
                 })
                 .unwrap();
             // One that can never fit the 16-block pool.
-            let (tx, refused) = channel();
+            let (tx, mut refused) = unbounded_channel();
             commands
                 .send(Command::Submit {
                     request: request(3, 600),
                     updates: tx,
                 })
                 .unwrap();
-            assert!(matches!(refused.recv().unwrap(), Update::Rejected(_)));
-            assert!(matches!(quitter.recv().unwrap(), Update::Accepted(_)));
-            assert!(matches!(quitter.recv().unwrap(), Update::Token(_)));
+            assert!(matches!(
+                refused.blocking_recv().unwrap(),
+                Update::Rejected(_)
+            ));
+            assert!(matches!(
+                quitter.blocking_recv().unwrap(),
+                Update::Accepted(_)
+            ));
+            assert!(matches!(quitter.blocking_recv().unwrap(), Update::Token(_)));
             drop(quitter);
-            for (i, rx) in streams.into_iter().enumerate() {
+            for (i, mut rx) in streams.into_iter().enumerate() {
                 let mut tokens = Vec::new();
-                for update in rx {
+                while let Some(update) = rx.blocking_recv() {
                     match update {
                         Update::Token(t) => tokens.push(t),
                         Update::Finished(_) => break,

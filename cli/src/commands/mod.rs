@@ -6,6 +6,7 @@ pub mod info;
 pub mod kv_args;
 pub mod perplexity;
 pub mod sched_args;
+pub mod serve;
 pub mod tokenize;
 
 use std::path::PathBuf;

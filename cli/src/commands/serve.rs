@@ -1,0 +1,173 @@
+//! `fornax serve`: the OpenAI-compatible HTTP server over continuous batching.
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::channel;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use fornax::engine_loop::run_engine;
+use fornax::server::limits::Queue;
+use fornax::server::{serve, telemetry, AppState, Limits, ModelInfo, ServerConfig};
+use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::tokenizer::Tokenizer;
+use fornax_engine::{Engine, EngineBackend};
+
+use super::kv_args::KvArgs;
+use super::sched_args::SchedArgs;
+use super::{load_model, parse, tokenizer, ModelArgs};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// The model name clients use (default: the file name without `.gguf`).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Requests waiting for their first token at most; more are refused with 503.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// Prompt tokens per request at most (default: the model's context).
+    #[arg(long)]
+    pub max_prompt_tokens: Option<usize>,
+    /// `max_tokens` per request at most (default: the model's context).
+    #[arg(long)]
+    pub max_output_tokens: Option<usize>,
+    /// Request body size at most, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+    /// Open connections at most; further clients wait to be accepted.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Seconds running requests may take to finish after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace_s: u64,
+    #[command(flatten)]
+    pub sched: SchedArgs,
+    #[command(flatten)]
+    pub kv: KvArgs,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+struct Serve<'a> {
+    args: &'a ServeArgs,
+    gguf: &'a GgufFile<'a>,
+    tokenizer: Arc<Tokenizer>,
+    listener: TcpListener,
+    name: String,
+}
+
+impl BackendTask for Serve<'_> {
+    type Output = Result<()>;
+
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+        let a = self.args;
+        let model = load_model::<B>(self.gguf, &device, a.model.load_options())?;
+        let config = a.sched.config();
+        let kv = model.new_paged_cache(
+            a.kv.capacity(model.kv_dims(), config.max_batch, 256),
+            a.kv.policy(),
+        );
+        let mut engine = Engine::new(&model, kv, config, a.sched.policy);
+        let context = model.config.max_seq_len;
+        let tok = &self.tokenizer;
+        let mut stop_ids: Vec<u32> = tok.eos_id.into_iter().collect();
+        stop_ids.extend(
+            ["<|im_end|>", "<|endoftext|>"]
+                .iter()
+                .filter_map(|t| tok.token_id(t)),
+        );
+        stop_ids.dedup();
+
+        let (commands, inbox) = channel();
+        let engine_alive = Arc::new(AtomicBool::new(true));
+        let state = Arc::new(AppState {
+            commands,
+            tokenizer: self.tokenizer.clone(),
+            model: ModelInfo {
+                name: self.name.clone(),
+                created: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                context,
+            },
+            limits: Limits {
+                max_prompt_tokens: a.max_prompt_tokens.unwrap_or(context),
+                max_output_tokens: a.max_output_tokens.unwrap_or(context),
+            },
+            queue: Queue::new(a.max_queue),
+            stop_ids,
+            metrics: telemetry::install_metrics()?,
+            next_id: AtomicU64::new(0),
+            engine_alive: engine_alive.clone(),
+        });
+        let server_config = ServerConfig {
+            max_body_bytes: a.max_body_bytes,
+            max_connections: a.max_connections,
+            shutdown_grace: Duration::from_secs(a.shutdown_grace_s),
+        };
+        let addr = self.listener.local_addr()?;
+        let listener = self.listener;
+        let http =
+            std::thread::Builder::new()
+                .name("http".into())
+                .spawn(move || -> Result<()> {
+                    let runtime = tokio::runtime::Builder::new_multi_thread()
+                        .enable_all()
+                        .build()
+                        .context("tokio runtime")?;
+                    let served = runtime.block_on(serve(listener, state, server_config));
+                    // Drops every task, and with them the last senders to the engine loop.
+                    runtime.shutdown_timeout(Duration::from_secs(1));
+                    served
+                })?;
+        tracing::info!(model = %self.name, backend = %info.kind, adapter = %info.adapter, context, "model loaded");
+        println!("fornax: serving {} on http://{addr}", self.name);
+        run_engine(
+            &mut engine,
+            &inbox,
+            Duration::from_millis(a.sched.batch_window_ms),
+        );
+        engine_alive.store(false, Ordering::Release);
+        let served = http
+            .join()
+            .map_err(|_| anyhow::anyhow!("the HTTP thread panicked"))?;
+        tracing::info!(steps = engine.steps, "engine stopped");
+        served
+    }
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    telemetry::init_logs();
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+    let path = args.model.path()?;
+    let name = match &args.served_model_name {
+        Some(n) => n.clone(),
+        None => path
+            .file_name()
+            .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
+            .unwrap_or_else(|| "model".into()),
+    };
+    let file = fornax::model_file::ModelFile::open(&path)?;
+    let gguf = parse(&file)?;
+    let tokenizer = Arc::new(tokenizer(&gguf)?);
+    run_on(
+        args.model.backend,
+        Serve {
+            args: &args,
+            gguf: &gguf,
+            tokenizer,
+            listener,
+            name,
+        },
+    )?
+}

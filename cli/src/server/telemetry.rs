@@ -1,0 +1,118 @@
+//! Prometheus metrics (through the `metrics` facade) and `tracing` logs of the server.
+
+use std::io::IsTerminal;
+
+use anyhow::{Context, Result};
+use fornax_engine::{Engine, EngineBackend};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::EnvFilter;
+
+/// HTTP responses by route and status code.
+pub const HTTP_REQUESTS: &str = "fornax_http_requests_total";
+/// Generation requests that ended, by finish reason (stop, length, cancelled, error).
+pub const REQUESTS_FINISHED: &str = "fornax_requests_finished_total";
+/// Prompt tokens of accepted requests.
+pub const PROMPT_TOKENS: &str = "fornax_prompt_tokens_total";
+/// Tokens generated.
+pub const GENERATED_TOKENS: &str = "fornax_generated_tokens_total";
+/// Time from a request's arrival to its first token.
+pub const TTFT: &str = "fornax_time_to_first_token_seconds";
+/// Time between consecutive tokens of one request.
+pub const INTER_TOKEN: &str = "fornax_inter_token_latency_seconds";
+/// Time from a request's arrival to its last token.
+pub const E2E: &str = "fornax_request_latency_seconds";
+/// Requests holding KV blocks.
+pub const RUNNING: &str = "fornax_requests_running";
+/// Requests queued in the engine.
+pub const WAITING: &str = "fornax_requests_waiting";
+/// Sequences per engine step.
+pub const BATCH_SEQUENCES: &str = "fornax_batch_sequences";
+/// Tokens per engine step.
+pub const BATCH_TOKENS: &str = "fornax_batch_tokens";
+/// KV blocks in use.
+pub const KV_USED: &str = "fornax_kv_blocks_used";
+/// KV blocks free.
+pub const KV_FREE: &str = "fornax_kv_blocks_free";
+/// Unused token slots in partly filled blocks over the slots of used blocks.
+pub const KV_WASTE: &str = "fornax_kv_waste_ratio";
+/// Requests preempted (their blocks taken back) since start.
+pub const PREEMPTIONS: &str = "fornax_preemptions_total";
+/// Engine steps since start.
+pub const STEPS: &str = "fornax_engine_steps_total";
+
+/// Latency buckets in seconds, from 5 ms to 5 minutes.
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0,
+];
+/// Batch-size buckets (sequences or tokens per step).
+const BATCH_BUCKETS: [f64; 13] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+];
+
+/// Installs the process-wide Prometheus recorder and describes every metric.
+pub fn install_metrics() -> Result<PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Prefix("fornax_batch_".into()), &BATCH_BUCKETS)
+        })
+        .context("metric buckets")?
+        .install_recorder()
+        .context("cannot install the metrics recorder")?;
+    describe_counter!(HTTP_REQUESTS, "HTTP responses by route and status code");
+    describe_counter!(
+        REQUESTS_FINISHED,
+        "Generation requests that ended, by reason"
+    );
+    describe_counter!(PROMPT_TOKENS, "Prompt tokens of accepted requests");
+    describe_counter!(GENERATED_TOKENS, "Tokens generated");
+    describe_histogram!(TTFT, metrics::Unit::Seconds, "Arrival to first token");
+    describe_histogram!(
+        INTER_TOKEN,
+        metrics::Unit::Seconds,
+        "Time between tokens of a request"
+    );
+    describe_histogram!(E2E, metrics::Unit::Seconds, "Arrival to last token");
+    describe_gauge!(RUNNING, "Requests holding KV blocks");
+    describe_gauge!(WAITING, "Requests queued in the engine");
+    describe_histogram!(BATCH_SEQUENCES, "Sequences per engine step");
+    describe_histogram!(BATCH_TOKENS, "Tokens per engine step");
+    describe_gauge!(KV_USED, "KV cache blocks in use");
+    describe_gauge!(KV_FREE, "KV cache blocks free");
+    describe_gauge!(
+        KV_WASTE,
+        "Unused slots in partly filled KV blocks over used slots"
+    );
+    describe_counter!(PREEMPTIONS, "Requests preempted when KV blocks ran out");
+    describe_counter!(STEPS, "Engine steps");
+    Ok(handle)
+}
+
+/// Publishes the engine's figures; `stepped` after a step (records the batch size).
+pub fn record_engine<B: EngineBackend>(engine: &Engine<'_, B>, stepped: bool) {
+    let (running, waiting) = engine.load();
+    gauge!(RUNNING).set(running as f64);
+    gauge!(WAITING).set(waiting as f64);
+    let kv = engine.kv_stats();
+    gauge!(KV_USED).set(kv.blocks_used as f64);
+    gauge!(KV_FREE).set(kv.blocks_free() as f64);
+    gauge!(KV_WASTE).set(kv.waste());
+    counter!(PREEMPTIONS).absolute(engine.sched.preemptions);
+    counter!(STEPS).absolute(engine.steps);
+    if stepped {
+        let (seqs, tokens) = engine.last_batch;
+        histogram!(BATCH_SEQUENCES).record(seqs as f64);
+        histogram!(BATCH_TOKENS).record(tokens as f64);
+    }
+}
+
+/// Logs to stderr, filtered by `RUST_LOG` (default: `info`).
+pub fn init_logs() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
