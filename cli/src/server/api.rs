@@ -23,7 +23,10 @@ pub struct ChatRequest {
 
 /// A completion prompt: text, a one-element list of text, or token ids.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a string, a list of one string, or a list of token ids"
+)]
 pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
@@ -39,7 +42,7 @@ pub struct Message {
 
 /// Message content.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of text parts")]
 pub enum Content {
     Text(String),
     Parts(Vec<ContentPart>),
@@ -56,7 +59,7 @@ pub struct ContentPart {
 
 /// `stop`: one string or several.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of strings")]
 pub enum Stop {
     One(String),
     Many(Vec<String>),
@@ -125,6 +128,12 @@ pub struct Body(serde_json::Value);
 impl Body {
     /// Parses the bytes; anything but a JSON object is refused.
     pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        if let Err(e) = std::str::from_utf8(bytes) {
+            return Err(ApiError::invalid(format!(
+                "the body is not valid UTF-8 (invalid byte at offset {})",
+                e.valid_up_to()
+            )));
+        }
         let value: serde_json::Value = serde_json::from_slice(bytes)
             .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}")))?;
         if !value.is_object() {

@@ -1,0 +1,760 @@
+//! `fornax serve` on the real model (CPU backend), started as a process on 127.0.0.1 and
+//! spoken to over HTTP: answers equal the engine's own greedy output, streams, concurrency,
+//! metrics, the official `openai` Python client, bad input, disconnects, a full queue and
+//! SIGTERM.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::model::LlamaModel;
+use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
+use fornax_engine::{generate, EngineBackend, GenerateParams};
+use serde_json::{json, Value};
+
+const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1";
+const COMPLETION_PROMPT: &str = "The capital of France is";
+const CHAT_PROMPT: &str = "What is the capital of France?";
+const MAX_TOKENS: usize = 12;
+
+fn model_path() -> PathBuf {
+    fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}")).expect("default model")
+}
+
+/// A `fornax serve` process, killed on drop.
+struct Server {
+    child: Child,
+    addr: String,
+    agent: ureq::Agent,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fornax"))
+            .args([
+                "serve",
+                "--backend",
+                "cpu",
+                "--port",
+                "0",
+                "--batch-window-ms",
+                "20",
+            ])
+            .arg("--model")
+            .arg(model_path())
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start fornax serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some((_, addr)) = line.split_once(" on http://") {
+                    let _ = tx.send(addr.to_string());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(300))
+            .expect("the server printed its address");
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(300)))
+            .build()
+            .into();
+        Self { child, addr, agent }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// POSTs raw bytes; returns the status and the body parsed as JSON.
+    fn post_raw(&self, path: &str, body: &[u8]) -> (u16, Value) {
+        let mut r = self
+            .agent
+            .post(&self.url(path))
+            .header("content-type", "application/json")
+            .send(body)
+            .expect("request");
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().expect("body");
+        let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        (status, value)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, body.to_string().as_bytes())
+    }
+
+    /// Starts a streamed request; returns the event reader once the headers arrived.
+    fn stream(&self, path: &str, body: &Value) -> Events {
+        let r = self
+            .agent
+            .post(&self.url(path))
+            .header("content-type", "application/json")
+            .send(body.to_string().as_bytes())
+            .expect("request");
+        assert_eq!(r.status().as_u16(), 200, "stream status");
+        let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ct.starts_with("text/event-stream"), "{ct}");
+        Events(BufReader::new(Box::new(r.into_body().into_reader())))
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        let mut r = self.agent.get(&self.url(path)).call().expect("request");
+        (
+            r.status().as_u16(),
+            r.body_mut().read_to_string().expect("body"),
+        )
+    }
+
+    fn metrics(&self) -> Metrics {
+        let (status, text) = self.get("/metrics");
+        assert_eq!(status, 200);
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("Prometheus text format");
+        Metrics(scrape)
+    }
+
+    fn assert_healthy(&self) {
+        assert_eq!(self.get("/health").0, 200, "healthy");
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Server-sent events of one response.
+struct Events(BufReader<Box<dyn Read + Send>>);
+
+impl Events {
+    /// The next `data:` payload as JSON, or `None` at `[DONE]`.
+    fn next(&mut self) -> Option<Value> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.0.read_line(&mut line).expect("read the stream");
+            assert!(n > 0, "the stream ended without [DONE]");
+            if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                if data == "[DONE]" {
+                    return None;
+                }
+                return Some(serde_json::from_str(data).expect("JSON chunk"));
+            }
+        }
+    }
+
+    /// Every chunk up to `[DONE]`.
+    fn rest(mut self) -> Vec<Value> {
+        std::iter::from_fn(|| self.next()).collect()
+    }
+}
+
+/// A parsed `/metrics` scrape.
+struct Metrics(prometheus_parse::Scrape);
+
+impl Metrics {
+    /// A counter's or gauge's value (0 when absent), matching `labels`.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        use prometheus_parse::Value as V;
+        self.0
+            .samples
+            .iter()
+            .filter(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            .map(|s| match s.value {
+                V::Counter(v) | V::Gauge(v) | V::Untyped(v) => v,
+                _ => panic!("{name} is not a single value"),
+            })
+            .sum()
+    }
+
+    /// A histogram's cumulative bucket counts.
+    fn buckets(&self, name: &str) -> Vec<(f64, f64)> {
+        self.0
+            .samples
+            .iter()
+            .find(|s| s.metric == name)
+            .map(|s| match &s.value {
+                prometheus_parse::Value::Histogram(b) => {
+                    b.iter().map(|c| (c.less_than, c.count)).collect()
+                }
+                _ => panic!("{name} is not a histogram"),
+            })
+            .unwrap_or_default()
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.0.samples.iter().any(|s| s.metric == name)
+    }
+}
+
+fn completion(prompt: &str, max_tokens: usize, stream: bool) -> Value {
+    json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+           "stream": stream, "stream_options": {"include_usage": true}})
+}
+
+fn chat(prompt: &str, max_tokens: usize, stream: bool) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+           "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+           "stream_options": {"include_usage": true}})
+}
+
+/// The engine's own greedy text and token count for a prompt, computed in this process.
+struct Expected {
+    text: String,
+    tokens: usize,
+}
+
+/// Greedy generations of the completion and chat prompts with plain `generate`.
+struct Reference;
+
+impl BackendTask for Reference {
+    type Output = (Expected, Expected);
+
+    fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
+        let file = fornax::model_file::ModelFile::open(&model_path()).unwrap();
+        let gguf = GgufFile::parse(file.bytes()).unwrap();
+        let tok = Tokenizer::from_gguf(&gguf).unwrap();
+        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let mut stop_ids: Vec<u32> = tok.eos_id.into_iter().collect();
+        stop_ids.extend(
+            ["<|im_end|>", "<|endoftext|>"]
+                .iter()
+                .filter_map(|t| tok.token_id(t)),
+        );
+        let params = GenerateParams {
+            max_tokens: MAX_TOKENS,
+            stop_ids: stop_ids.clone(),
+            ..GenerateParams::default()
+        };
+        let run = |prompt: Vec<u32>| {
+            let ids = generate(&model, &prompt, &params, |_| true).unwrap();
+            let shown: Vec<u32> = ids
+                .iter()
+                .copied()
+                .filter(|t| !stop_ids.contains(t))
+                .collect();
+            Expected {
+                text: tok.decode(&shown).unwrap(),
+                tokens: ids.len(),
+            }
+        };
+        let completion = run(tok.encode(COMPLETION_PROMPT, true).unwrap());
+        let chat = run(tok
+            .encode_chat(&[ChatMessage::new("user", CHAT_PROMPT)])
+            .unwrap());
+        (completion, chat)
+    }
+}
+
+fn streamed_text(chunks: &[Value], chat: bool) -> (String, String, u64) {
+    let mut text = String::new();
+    let mut finish = String::new();
+    let mut usage = 0;
+    for c in chunks {
+        if let Some(choice) = c["choices"].get(0) {
+            let piece = if chat {
+                &choice["delta"]["content"]
+            } else {
+                &choice["text"]
+            };
+            text.push_str(piece.as_str().unwrap_or(""));
+            if let Some(f) = choice["finish_reason"].as_str() {
+                finish = f.to_string();
+            }
+        }
+        if let Some(n) = c["usage"]["completion_tokens"].as_u64() {
+            usage = n;
+        }
+    }
+    (text, finish, usage)
+}
+
+#[test]
+fn answers_equal_the_engine_greedy_output_through_http_and_the_openai_client() {
+    let server = Server::start(&[]);
+    let (want_completion, want_chat) = run_on(BackendKind::Cpu, Reference).unwrap();
+    eprintln!(
+        "engine: completion {:?}, chat {:?}",
+        want_completion.text, want_chat.text
+    );
+    let before = server.metrics();
+
+    let (status, models) = server.get("/v1/models");
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+
+    let (status, r) = server.post(
+        "/v1/completions",
+        &completion(COMPLETION_PROMPT, MAX_TOKENS, false),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["object"], "text_completion");
+    assert_eq!(r["choices"][0]["text"], want_completion.text);
+    assert_eq!(r["usage"]["completion_tokens"], want_completion.tokens);
+    assert_eq!(r["usage"]["prompt_tokens"], 5);
+
+    let chunks = server
+        .stream(
+            "/v1/completions",
+            &completion(COMPLETION_PROMPT, MAX_TOKENS, true),
+        )
+        .rest();
+    let (text, finish, usage) = streamed_text(&chunks, false);
+    assert!(chunks.len() > 3, "streamed in pieces: {}", chunks.len());
+    assert_eq!(text, want_completion.text);
+    assert_eq!(finish, "length");
+    assert_eq!(usage, want_completion.tokens as u64);
+
+    let (status, r) = server.post(
+        "/v1/chat/completions",
+        &chat(CHAT_PROMPT, MAX_TOKENS, false),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["object"], "chat.completion");
+    assert_eq!(r["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(r["choices"][0]["message"]["content"], want_chat.text);
+    assert_eq!(r["usage"]["completion_tokens"], want_chat.tokens);
+
+    let chunks = server
+        .stream("/v1/chat/completions", &chat(CHAT_PROMPT, MAX_TOKENS, true))
+        .rest();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let (text, _, usage) = streamed_text(&chunks, true);
+    assert_eq!(text, want_chat.text);
+    assert_eq!(usage, want_chat.tokens as u64);
+
+    // A stop string cuts the text where it starts, and the request ends there.
+    let stop_at = want_completion
+        .text
+        .find(' ')
+        .expect("a space in the reference text")
+        + 1;
+    let cut = want_completion.text[stop_at..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut body = completion(COMPLETION_PROMPT, MAX_TOKENS, false);
+    body["stop"] = json!([cut.clone()]);
+    let (_, r) = server.post("/v1/completions", &body);
+    assert_eq!(
+        r["choices"][0]["finish_reason"], "stop",
+        "{r} (stop {cut:?})"
+    );
+    assert_eq!(r["choices"][0]["text"], want_completion.text[..stop_at]);
+
+    // The official client: a chat completion and a streamed completion.
+    // scripts/test.sh installs the package under FORNAX_PYTHONPATH.
+    let out = Command::new("python3")
+        .env(
+            "PYTHONPATH",
+            std::env::var("FORNAX_PYTHONPATH").unwrap_or_default(),
+        )
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/openai_client.py"
+        ))
+        .args([server.url(""), MODEL.to_string()])
+        .args([CHAT_PROMPT, COMPLETION_PROMPT, &MAX_TOKENS.to_string()])
+        .output()
+        .expect("run python");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "openai client failed (scripts/test.sh installs the `openai` package and sets FORNAX_PYTHONPATH):\n{stderr}"
+    );
+    let client: Value = serde_json::from_slice(&out.stdout).expect("client output");
+    eprintln!("openai client: {client}");
+    assert_eq!(client["chat"], want_chat.text);
+    assert_eq!(client["chat_completion_tokens"], want_chat.tokens);
+    assert_eq!(client["streamed"], want_completion.text);
+    assert_eq!(client["streamed_completion_tokens"], want_completion.tokens);
+    assert!(client["chunks"].as_u64().unwrap() > 3);
+    assert_eq!(client["models"], json!([MODEL]));
+
+    // Counters moved by what this test did.
+    let after = server.metrics();
+    let ok = |m: &Metrics, route| {
+        m.value(
+            "fornax_http_requests_total",
+            &[("route", route), ("status", "200")],
+        )
+    };
+    assert_eq!(
+        ok(&after, "/v1/completions") - ok(&before, "/v1/completions"),
+        4.0
+    );
+    assert_eq!(
+        ok(&after, "/v1/chat/completions") - ok(&before, "/v1/chat/completions"),
+        3.0
+    );
+    let generated = after.value("fornax_generated_tokens_total", &[]);
+    assert!(
+        generated >= (4 * want_completion.tokens + 3 * want_chat.tokens) as f64 - 12.0,
+        "{generated}"
+    );
+    let ttft = after.buckets("fornax_time_to_first_token_seconds");
+    assert_eq!(
+        ttft.last().map(|b| b.1),
+        Some(7.0),
+        "7 first tokens: {ttft:?}"
+    );
+    for name in [
+        "fornax_kv_blocks_used",
+        "fornax_kv_blocks_free",
+        "fornax_requests_running",
+        "fornax_requests_waiting",
+        "fornax_preemptions_total",
+        "fornax_kv_waste_ratio",
+        "fornax_prompt_tokens_total",
+    ] {
+        assert!(after.has(name), "{name} in /metrics");
+    }
+    assert!(!after
+        .buckets("fornax_inter_token_latency_seconds")
+        .is_empty());
+    assert!(!after.buckets("fornax_request_latency_seconds").is_empty());
+    assert!(!after.buckets("fornax_batch_sequences").is_empty());
+}
+
+#[test]
+fn sixteen_concurrent_streams_all_complete_in_shared_batches() {
+    let server = Server::start(&[]);
+    let results: Vec<(String, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..16)
+            .map(|i| {
+                let server = &server;
+                s.spawn(move || {
+                    let prompt = format!("Story {}: Once upon a time", i % 8);
+                    let chunks = server
+                        .stream("/v1/completions", &completion(&prompt, 8, true))
+                        .rest();
+                    let (text, finish, usage) = streamed_text(&chunks, false);
+                    assert!(usage >= 1 && usage <= 8, "client {i}: {usage} tokens");
+                    (text, finish)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("client"))
+            .collect()
+    });
+    for (i, (text, finish)) in results.iter().enumerate() {
+        assert!(!text.is_empty(), "client {i}");
+        assert!(
+            finish == "length" || finish == "stop",
+            "client {i}: {finish}"
+        );
+        assert_eq!(
+            text,
+            &results[i % 8].0,
+            "clients {i} and {} sent the same prompt",
+            i % 8
+        );
+    }
+    let m = server.metrics();
+    let batches = m.buckets("fornax_batch_sequences");
+    let total = batches.last().unwrap().1;
+    let at_most_4 = batches.iter().find(|b| b.0 == 4.0).unwrap().1;
+    eprintln!(
+        "engine steps {total}, of which with more than 4 sequences {}",
+        total - at_most_4
+    );
+    assert!(
+        at_most_4 < total,
+        "some steps batched more than 4 sequences: {batches:?}"
+    );
+    assert_eq!(m.value("fornax_requests_finished_total", &[]), 16.0);
+    assert_eq!(
+        m.value("fornax_kv_blocks_used", &[]),
+        0.0,
+        "every block back"
+    );
+    server.assert_healthy();
+}
+
+#[test]
+fn bad_input_gets_openai_errors_and_the_server_stays_healthy() {
+    let server = Server::start(&["--max-body-bytes", "65536", "--max-output-tokens", "512"]);
+    let c = "/v1/completions";
+    let long_prompt = "hello ".repeat(9000);
+    let cases: Vec<(&str, &str, Vec<u8>, u16, &str)> = vec![
+        (
+            "invalid JSON",
+            c,
+            b"{\"model\": ".to_vec(),
+            400,
+            "not valid JSON",
+        ),
+        (
+            "wrong type",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "max_tokens": "ten"})
+                .to_string()
+                .into_bytes(),
+            400,
+            "max_tokens: invalid type",
+        ),
+        (
+            "prompt of the wrong type",
+            c,
+            json!({"model": MODEL, "prompt": {"a": 1}})
+                .to_string()
+                .into_bytes(),
+            400,
+            "prompt: a string, a list of one string, or a list of token ids",
+        ),
+        (
+            "missing prompt",
+            c,
+            json!({"model": MODEL}).to_string().into_bytes(),
+            400,
+            "missing field `prompt`",
+        ),
+        (
+            "prompt longer than the context",
+            c,
+            json!({"model": MODEL, "prompt": long_prompt})
+                .to_string()
+                .into_bytes(),
+            400,
+            "context",
+        ),
+        (
+            "max_tokens beyond the limit",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "max_tokens": 513})
+                .to_string()
+                .into_bytes(),
+            400,
+            "at most 512",
+        ),
+        (
+            "max_tokens 0",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "max_tokens": 0})
+                .to_string()
+                .into_bytes(),
+            400,
+            "at least 1",
+        ),
+        (
+            "unknown model",
+            c,
+            json!({"model": "gpt-4o", "prompt": "hi"})
+                .to_string()
+                .into_bytes(),
+            404,
+            "does not exist",
+        ),
+        ("oversized body", c, vec![b' '; 100_000], 413, "larger than"),
+        (
+            "empty messages",
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": []})
+                .to_string()
+                .into_bytes(),
+            400,
+            "must not be empty",
+        ),
+        (
+            "invalid UTF-8",
+            c,
+            b"{\"model\": \"SmolLM2-135M-Instruct.Q4_1\", \"prompt\": \"\xff\xfe\"}".to_vec(),
+            400,
+            "not valid UTF-8",
+        ),
+        (
+            "n = 2",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "n": 2})
+                .to_string()
+                .into_bytes(),
+            400,
+            "n = 1",
+        ),
+        (
+            "temperature out of range",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "temperature": -1})
+                .to_string()
+                .into_bytes(),
+            400,
+            "temperature",
+        ),
+        (
+            "priority out of range",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "priority": 7})
+                .to_string()
+                .into_bytes(),
+            400,
+            "priority",
+        ),
+        (
+            "token id outside the vocabulary",
+            c,
+            json!({"model": MODEL, "prompt": [1, 99999999], "max_tokens": 1})
+                .to_string()
+                .into_bytes(),
+            400,
+            "outside the vocabulary",
+        ),
+        (
+            "unknown route",
+            "/v1/embeddings",
+            b"{}".to_vec(),
+            404,
+            "no such route",
+        ),
+    ];
+    for (what, path, body, status, needle) in cases {
+        let (got, r) = server.post_raw(path, &body);
+        eprintln!("{what}: {got} {}", r["error"]["message"]);
+        assert_eq!(got, status, "{what}: {r}");
+        let message = r["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{what}: {r}"));
+        assert!(
+            message.contains(needle),
+            "{what}: {message:?} lacks {needle:?}"
+        );
+        assert!(r["error"]["type"].is_string(), "{what}: {r}");
+        assert!(
+            r["error"].get("code").is_some() && r["error"].get("param").is_some(),
+            "{what}: {r}"
+        );
+    }
+    let (_, r) = server.post_raw(
+        c,
+        json!({"model": MODEL, "prompt": long_prompt})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(r["error"]["code"], "context_length_exceeded");
+    server.assert_healthy();
+    let (status, r) = server.post(c, &completion(COMPLETION_PROMPT, 2, false));
+    assert_eq!(status, 200, "a good request after the bad ones: {r}");
+    assert_eq!(server.metrics().value("fornax_kv_blocks_used", &[]), 0.0);
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_is_cancelled_and_its_blocks_return() {
+    let server = Server::start(&[]);
+    let idle = server.metrics().value("fornax_kv_blocks_used", &[]);
+    assert_eq!(idle, 0.0);
+    let mut events = server.stream(
+        "/v1/completions",
+        &completion("Once upon a time", 400, true),
+    );
+    for _ in 0..2 {
+        assert!(events.next().is_some());
+    }
+    let busy = server.metrics();
+    assert!(
+        busy.value("fornax_kv_blocks_used", &[]) > 0.0,
+        "the request holds blocks"
+    );
+    assert_eq!(busy.value("fornax_requests_running", &[]), 1.0);
+    drop(events);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let m = loop {
+        let m = server.metrics();
+        if m.value("fornax_kv_blocks_used", &[]) == idle
+            && m.value("fornax_requests_running", &[]) == 0.0
+        {
+            break m;
+        }
+        assert!(Instant::now() < deadline, "blocks did not return");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(
+        m.value("fornax_requests_finished_total", &[("reason", "cancelled")]),
+        1.0
+    );
+    let generated = m.value("fornax_generated_tokens_total", &[]);
+    assert!(generated < 400.0, "stopped early: {generated} tokens");
+    eprintln!("cancelled after {generated} tokens; KV blocks used back to {idle}");
+    server.assert_healthy();
+}
+
+#[test]
+fn a_full_queue_is_refused_at_once_with_503() {
+    let server = Server::start(&["--max-queue", "1", "--max-batch", "1"]);
+    // A runs (the only batch slot); B waits for its first token (the only queue place).
+    let mut running = server.stream(
+        "/v1/completions",
+        &completion("Once upon a time", 300, true),
+    );
+    assert!(running.next().is_some());
+    let waiting = server.stream("/v1/completions", &completion("Long ago", 4, true));
+    let started = Instant::now();
+    let (status, r) = server.post("/v1/completions", &completion("Refused", 4, false));
+    let waited = started.elapsed();
+    assert_eq!(status, 503, "{r}");
+    assert_eq!(r["error"]["code"], "queue_full");
+    eprintln!("refused in {waited:?}");
+    assert!(
+        running.next().is_some(),
+        "the running request is still streaming"
+    );
+    drop(running);
+    let chunks = waiting.rest();
+    assert!(
+        !streamed_text(&chunks, false).0.is_empty(),
+        "the waiting request ran next"
+    );
+    server.assert_healthy();
+}
+
+#[test]
+fn sigterm_stops_accepting_lets_running_requests_finish_and_exits_zero() {
+    let mut server = Server::start(&["--shutdown-grace-s", "120"]);
+    let mut events = server.stream("/v1/completions", &completion("Once upon a time", 24, true));
+    assert!(events.next().is_some());
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(&server.addr).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "still accepting connections after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let chunks = events.rest();
+    let (_, finish, usage) = streamed_text(&chunks, false);
+    assert_eq!(
+        (finish.as_str(), usage),
+        ("length", 24),
+        "the running request finished"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "exit status {status}");
+}
