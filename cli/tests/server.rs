@@ -444,7 +444,7 @@ fn sixteen_concurrent_streams_all_complete_in_shared_batches() {
                         .stream("/v1/completions", &completion(&prompt, 8, true))
                         .rest();
                     let (text, finish, usage) = streamed_text(&chunks, false);
-                    assert!(usage >= 1 && usage <= 8, "client {i}: {usage} tokens");
+                    assert!((1..=8).contains(&usage), "client {i}: {usage} tokens");
                     (text, finish)
                 })
             })
