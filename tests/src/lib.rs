@@ -211,6 +211,23 @@ impl BackendTask for Check {
     }
 }
 
+/// Per-token log-probabilities of the first `n` tokens of the reference perplexity text
+/// (`perplexity.json`), scored 256 tokens per forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct PrefixLogprobs(pub usize);
+
+impl BackendTask for PrefixLogprobs {
+    type Output = Vec<f32>;
+
+    fn run<B: fornax_engine::EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Vec<f32> {
+        let gguf = GgufFile::parse(model_file().bytes()).expect("model");
+        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).expect("model");
+        let reference: Perplexity = read_reference("perplexity.json");
+        let ids = &reference.ids[..self.0.min(reference.ids.len())];
+        token_logprobs(&model, ids, 256).expect("scores")
+    }
+}
+
 /// Runs one check on a backend and panics with the report if it fails.
 pub fn run_check(kind: BackendKind, check: Check) {
     match run_on(kind, check).expect("backend available") {
