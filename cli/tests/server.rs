@@ -421,6 +421,9 @@ fn answers_equal_the_engine_greedy_output_through_http_and_the_openai_client() {
         "fornax_preemptions_total",
         "fornax_kv_waste_ratio",
         "fornax_prompt_tokens_total",
+        "fornax_prefix_lookups_total",
+        "fornax_prefix_hit_rate",
+        "fornax_kv_blocks_cached",
     ] {
         assert!(after.has(name), "{name} in /metrics");
     }

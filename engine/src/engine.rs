@@ -8,7 +8,9 @@ use burn::tensor::{Int, Tensor, TensorData};
 use crate::kv::{KvStats, PagedKv};
 use crate::model::{LlamaModel, Logits, ModelError, SeqTokens};
 use crate::sampling::{Sampler, SamplingParams};
-use crate::sched::{FinishReason, PolicyKind, RequestId, Scheduler, SchedulerConfig, SubmitError};
+use crate::sched::{
+    FinishReason, KvBlocks, PolicyKind, RequestId, Scheduler, SchedulerConfig, SubmitError,
+};
 use crate::{logits_to_vec, EngineBackend};
 
 /// A generation request.
@@ -72,6 +74,19 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             tokens_computed: 0,
             last_batch: (0, 0),
         }
+    }
+
+    /// Turns on the prefix cache: requests reuse the cached KV blocks of the prompt
+    /// prefixes they share with earlier ones. Keys are salted with the model's
+    /// hyper-parameters; only FP32 blocks are indexed.
+    pub fn with_prefix_cache(mut self) -> Self {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let mut h = DefaultHasher::new();
+        format!("{:?}", self.model.config).hash(&mut h);
+        self.kv
+            .pool
+            .enable_prefix_cache(crate::prefix::PrefixIndex::new(h.finish()));
+        self
     }
 
     /// Queues a request; one that could never run is refused here.
@@ -166,7 +181,11 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 events.push(Event::Token { id: s.id, token });
             }
             let stop = &self.decoding[&s.id].stop_ids;
-            if let Some(reason) = self.sched.complete(s, sampled, stop) {
+            let finished = self.sched.complete(s, sampled, stop);
+            if let Some(r) = self.sched.get(s.id) {
+                self.kv.index_prefix(s.seq, &r.tokens[..r.computed]);
+            }
+            if let Some(reason) = finished {
                 self.decoding.remove(&s.id);
                 self.sched.remove(s.id, &mut self.kv);
                 events.push(Event::Finished { id: s.id, reason });

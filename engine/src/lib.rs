@@ -6,6 +6,7 @@ pub use backend::{DeviceMemory, DeviceMemoryInfo, EngineBackend};
 pub mod gguf;
 pub mod kv;
 pub mod model;
+pub mod prefix;
 pub mod quant;
 pub mod sampling;
 pub mod sched;

@@ -25,6 +25,7 @@ fn prompts() -> Vec<Vec<u32>> {
 struct Batching {
     /// Blocks of 32 tokens in the pool.
     blocks: usize,
+    prefix_cache: bool,
 }
 
 impl BackendTask for Batching {
@@ -59,6 +60,9 @@ impl BackendTask for Batching {
             SchedulerConfig::default(),
             PolicyKind::default(),
         );
+        if self.prefix_cache {
+            engine = engine.with_prefix_cache();
+        }
         let mut ids: HashMap<RequestId, usize> = HashMap::new();
         for (i, p) in prompts.iter().enumerate() {
             let id = engine
@@ -85,8 +89,8 @@ impl BackendTask for Batching {
             widest = widest.max(engine.sched.running());
         }
         eprintln!(
-            "{}: pool of {} blocks, {} steps, {} preemptions, up to {widest} sequences at once",
-            info.adapter, self.blocks, engine.steps, engine.sched.preemptions
+            "{}: pool of {} blocks, {} steps, {} preemptions, up to {widest} sequences at once, prefix cache {:?}",
+            info.adapter, self.blocks, engine.steps, engine.sched.preemptions, engine.kv.pool.prefix_stats()
         );
         assert_eq!(finished, prompts.len());
         for (i, (g, a)) in got.iter().zip(alone).enumerate() {
@@ -111,13 +115,116 @@ impl BackendTask for Batching {
 
 #[test]
 fn batched_greedy_tokens_equal_each_prompt_alone() {
-    run_on(BackendKind::Cpu, Batching { blocks: 64 }).unwrap();
+    run_on(
+        BackendKind::Cpu,
+        Batching {
+            blocks: 64,
+            prefix_cache: false,
+        },
+    )
+    .unwrap();
 }
 
 #[test]
 fn preemption_keeps_every_output_unchanged() {
     // Each request needs at most 3 blocks alone; eight together need about 16.
-    run_on(BackendKind::Cpu, Batching { blocks: 5 }).unwrap();
+    run_on(
+        BackendKind::Cpu,
+        Batching {
+            blocks: 5,
+            prefix_cache: false,
+        },
+    )
+    .unwrap();
+}
+
+/// Preempted requests start again from what the prefix cache still holds of them (their
+/// own blocks, cached when freed, unless evicted meanwhile): outputs stay unchanged.
+#[test]
+fn preemption_with_the_prefix_cache_keeps_every_output_unchanged() {
+    run_on(
+        BackendKind::Cpu,
+        Batching {
+            blocks: 5,
+            prefix_cache: true,
+        },
+    )
+    .unwrap();
+}
+
+/// The reference prompts behind a 150-token common prefix (from the reference text): the
+/// first request runs alone, then the other two share its four full prefix blocks. Greedy
+/// tokens equal those of the same schedule without the prefix cache.
+struct SharedPrefix;
+
+impl BackendTask for SharedPrefix {
+    type Output = ();
+
+    fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) {
+        let gguf = GgufFile::parse(model_file().bytes()).unwrap();
+        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let text: Perplexity = read_reference("perplexity.json");
+        let refs: Prompts = read_reference("prompts.json");
+        let prompts: Vec<Vec<u32>> = refs
+            .prompts
+            .iter()
+            .map(|c| [&text.ids[..150], &c.prompt_ids[..]].concat())
+            .collect();
+        let serve = |cache: bool| {
+            let kv = model.new_paged_cache(KvCapacity::f32_only(64), TierPolicy::ALL_F32);
+            let mut engine = Engine::new(
+                &model,
+                kv,
+                SchedulerConfig::default(),
+                PolicyKind::default(),
+            );
+            if cache {
+                engine = engine.with_prefix_cache();
+            }
+            let mut got = vec![Vec::new(); prompts.len()];
+            let mut ids = HashMap::new();
+            for wave in [&[0][..], &[1, 2]] {
+                for &i in wave {
+                    let request = Request {
+                        prompt: prompts[i].clone(),
+                        max_tokens: 16,
+                        qos: 0,
+                        sampling: SamplingParams::greedy(),
+                        stop_ids: vec![],
+                    };
+                    ids.insert(engine.submit(request).unwrap(), i);
+                }
+                while !engine.is_idle() {
+                    for event in engine.step().unwrap() {
+                        if let Event::Token { id, token } = event {
+                            got[ids[&id]].push(token);
+                        }
+                    }
+                }
+            }
+            let stats = engine.kv.pool.prefix_stats();
+            (got, stats, engine.tokens_computed)
+        };
+        let (want, _, computed_without) = serve(false);
+        let (got, stats, computed_with) = serve(true);
+        let stats = stats.expect("cache on");
+        eprintln!(
+            "prefix cache: {stats:?}, hit rate {:.3}; tokens computed {computed_with} vs {computed_without} without",
+            stats.hit_rate()
+        );
+        assert_eq!(got, want, "greedy tokens with and without the prefix cache");
+        assert_eq!(
+            stats.hit_tokens,
+            2 * 4 * 32,
+            "two requests reuse four blocks each"
+        );
+        assert_eq!(computed_without - computed_with, stats.hit_tokens);
+    }
+}
+
+#[test]
+fn prefix_cache_gives_the_greedy_tokens_of_recomputing() {
+    run_on(BackendKind::Cpu, SharedPrefix).unwrap();
 }
 
 /// The engine on its own thread: requests sent through the command channel stream the
@@ -226,4 +333,72 @@ impl BackendTask for Threaded {
 #[test]
 fn engine_thread_streams_tokens_and_cancels_hung_up_clients() {
     run_on(BackendKind::Cpu, Threaded).unwrap();
+}
+
+/// Copy-on-write on the device: two sequences share a 40-token prefix (a full block and
+/// a block holding 8 tokens) through `fork`, then each writes its own next token at
+/// position 40. Each must see only its own token there: its logits equal a fresh
+/// contiguous run over the prefix and its token.
+struct CopyOnWrite;
+
+impl BackendTask for CopyOnWrite {
+    type Output = ();
+
+    fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) {
+        use fornax_engine::model::{Logits, SeqTokens};
+        use fornax_engine::{logits_to_vec, prefill};
+        let gguf = GgufFile::parse(model_file().bytes()).unwrap();
+        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let text: Perplexity = read_reference("perplexity.json");
+        let prefix = &text.ids[..40];
+        let next = [text.ids[40], text.ids[1000]];
+        let mut kv = model.new_paged_cache(KvCapacity::f32_only(8), TierPolicy::ALL_F32);
+        let a = kv.add_sequence();
+        let part = [SeqTokens {
+            seq: a,
+            tokens: prefix,
+        }];
+        model.forward_batch(&part, &mut kv, Logits::Last).unwrap();
+        let b = kv.pool.fork(a, 2).unwrap();
+        assert_eq!(kv.stats().shared_blocks, 2);
+        let parts = [
+            SeqTokens {
+                seq: a,
+                tokens: &next[..1],
+            },
+            SeqTokens {
+                seq: b,
+                tokens: &next[1..],
+            },
+        ];
+        let logits = logits_to_vec(model.forward_batch(&parts, &mut kv, Logits::Last).unwrap());
+        assert_eq!(
+            kv.stats().shared_blocks,
+            1,
+            "the partly filled block was copied"
+        );
+        let vocab = model.config.vocab_size;
+        for (i, &token) in next.iter().enumerate() {
+            let want = prefill(
+                &model,
+                &[prefix, &[token]].concat(),
+                &mut model.new_cache(),
+                256,
+            )
+            .unwrap();
+            let got = &logits[i * vocab..(i + 1) * vocab];
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            eprintln!("sequence {i}: max |logit diff| vs a fresh run {worst:.2e}");
+            assert!(worst < 1e-3, "sequence {i}: {worst}");
+        }
+    }
+}
+
+#[test]
+fn writing_into_a_shared_partly_filled_block_copies_it_first() {
+    run_on(BackendKind::Cpu, CopyOnWrite).unwrap();
 }

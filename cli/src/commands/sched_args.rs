@@ -1,7 +1,10 @@
 //! Flags of the continuous-batching scheduler shared by the commands that serve requests.
 
 use clap::Args;
+use fornax_engine::kv::PagedKv;
+use fornax_engine::model::LlamaModel;
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
+use fornax_engine::{Engine, EngineBackend};
 
 /// Scheduler settings.
 #[derive(Args, Debug, Clone)]
@@ -19,6 +22,9 @@ pub struct SchedArgs {
     /// per 64 steps), fcfs, or seed (0.6 x length + 0.4 x QoS).
     #[arg(long, default_value = "qos-aging")]
     pub policy: PolicyKind,
+    /// Do not share the KV blocks of common prompt prefixes across requests.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 impl SchedArgs {
@@ -28,6 +34,19 @@ impl SchedArgs {
             max_batch_tokens: self.max_batch_tokens.max(1),
             max_batch: self.max_batch.max(1),
             ..SchedulerConfig::default()
+        }
+    }
+
+    /// An engine over `model` and `kv` with these settings.
+    pub fn engine<'m, B: EngineBackend>(
+        &self,
+        model: &'m LlamaModel<B>,
+        kv: PagedKv<B>,
+    ) -> Engine<'m, B> {
+        let engine = Engine::new(model, kv, self.config(), self.policy);
+        match self.no_prefix_cache {
+            true => engine,
+            false => engine.with_prefix_cache(),
         }
     }
 

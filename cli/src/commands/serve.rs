@@ -14,7 +14,7 @@ use fornax::server::{serve, telemetry, AppState, Limits, ModelInfo, ServerConfig
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::tokenizer::Tokenizer;
-use fornax_engine::{Engine, EngineBackend};
+use fornax_engine::EngineBackend;
 
 use super::kv_args::KvArgs;
 use super::sched_args::SchedArgs;
@@ -76,7 +76,7 @@ impl BackendTask for Serve<'_> {
             a.kv.capacity(model.kv_dims(), config.max_batch, 256),
             a.kv.policy(),
         );
-        let mut engine = Engine::new(&model, kv, config, a.sched.policy);
+        let mut engine = a.sched.engine(&model, kv);
         let context = model.config.max_seq_len;
         let tok = &self.tokenizer;
         let mut stop_ids: Vec<u32> = tok.eos_id.into_iter().collect();

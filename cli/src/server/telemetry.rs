@@ -38,6 +38,20 @@ pub const KV_FREE: &str = "fornax_kv_blocks_free";
 pub const KV_WASTE: &str = "fornax_kv_waste_ratio";
 /// Requests preempted (their blocks taken back) since start.
 pub const PREEMPTIONS: &str = "fornax_preemptions_total";
+/// Prompts looked up in the prefix cache.
+pub const PREFIX_LOOKUPS: &str = "fornax_prefix_lookups_total";
+/// Prompt tokens those lookups could have reused.
+pub const PREFIX_LOOKUP_TOKENS: &str = "fornax_prefix_lookup_tokens_total";
+/// Prompt tokens reused from the prefix cache.
+pub const PREFIX_HIT_TOKENS: &str = "fornax_prefix_hit_tokens_total";
+/// Hit tokens over lookup tokens since start.
+pub const PREFIX_HIT_RATE: &str = "fornax_prefix_hit_rate";
+/// Cached blocks evicted to make room.
+pub const PREFIX_EVICTIONS: &str = "fornax_prefix_evictions_total";
+/// KV blocks read by more than one sequence.
+pub const KV_SHARED: &str = "fornax_kv_blocks_shared";
+/// Cached KV blocks no sequence uses (evictable, counted as free).
+pub const KV_CACHED: &str = "fornax_kv_blocks_cached";
 /// Engine steps since start.
 pub const STEPS: &str = "fornax_engine_steps_total";
 
@@ -86,6 +100,22 @@ pub fn install_metrics() -> Result<PrometheusHandle> {
     );
     describe_counter!(PREEMPTIONS, "Requests preempted when KV blocks ran out");
     describe_counter!(STEPS, "Engine steps");
+    describe_counter!(PREFIX_LOOKUPS, "Prompts looked up in the prefix cache");
+    describe_counter!(
+        PREFIX_LOOKUP_TOKENS,
+        "Prompt tokens the lookups could have reused"
+    );
+    describe_counter!(
+        PREFIX_HIT_TOKENS,
+        "Prompt tokens reused from the prefix cache"
+    );
+    describe_gauge!(
+        PREFIX_HIT_RATE,
+        "Prefix cache hit tokens over lookup tokens"
+    );
+    describe_counter!(PREFIX_EVICTIONS, "Cached KV blocks evicted to make room");
+    describe_gauge!(KV_SHARED, "KV blocks read by more than one sequence");
+    describe_gauge!(KV_CACHED, "Cached KV blocks no sequence uses (evictable)");
     Ok(handle)
 }
 
@@ -98,6 +128,15 @@ pub fn record_engine<B: EngineBackend>(engine: &Engine<'_, B>, stepped: bool) {
     gauge!(KV_USED).set(kv.blocks_used as f64);
     gauge!(KV_FREE).set(kv.blocks_free() as f64);
     gauge!(KV_WASTE).set(kv.waste());
+    gauge!(KV_SHARED).set(kv.shared_blocks as f64);
+    gauge!(KV_CACHED).set(kv.cached_blocks as f64);
+    if let Some(p) = engine.kv.pool.prefix_stats() {
+        counter!(PREFIX_LOOKUPS).absolute(p.lookups);
+        counter!(PREFIX_LOOKUP_TOKENS).absolute(p.lookup_tokens);
+        counter!(PREFIX_HIT_TOKENS).absolute(p.hit_tokens);
+        counter!(PREFIX_EVICTIONS).absolute(p.evictions);
+        gauge!(PREFIX_HIT_RATE).set(p.hit_rate());
+    }
     counter!(PREEMPTIONS).absolute(engine.sched.preemptions);
     counter!(STEPS).absolute(engine.steps);
     if stepped {

@@ -38,6 +38,13 @@ impl<B: Backend> PagedKv<B> {
         Ok(())
     }
 
+    /// Frees a sequence that never ran (see [`BlockPool::abandon_sequence`]).
+    pub fn abandon_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
+        let freed = self.pool.abandon_sequence(seq)?;
+        self.store.clear(&freed);
+        Ok(())
+    }
+
     /// Tokens cached for `seq`.
     pub fn len(&self, seq: SeqId) -> Result<usize, KvError> {
         self.pool.len(seq)
@@ -82,6 +89,15 @@ impl<B: Backend> PagedKv<B> {
                 table: self.pool.table(seq)?,
             });
             row_start += new;
+        }
+        // Slots taken from evicted cached blocks are cleared before they are written.
+        let evicted = self.pool.take_evicted();
+        if !evicted.is_empty() {
+            self.store.clear(&evicted);
+        }
+        let copies = self.pool.take_copies();
+        if !copies.is_empty() {
+            self.store.copy_blocks(&copies);
         }
         Ok(PagedBatch::new(
             seqs,

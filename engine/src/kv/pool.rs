@@ -1,9 +1,12 @@
 //! The block pool: fixed slots per tier, allocated once, handed out to sequences in
-//! blocks of 32 tokens, reference-counted so prefixes can be shared.
+//! blocks of 32 tokens, reference-counted so prefixes can be shared. With a prefix cache,
+//! full FP32 blocks are indexed by prefix; when their last reference goes they stay
+//! cached (counted as free) until a new block needs their slot, least recently used first.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::{KvCapacity, KvError, KvStats, Tier, TierPolicy, BLOCK_TOKENS};
+use crate::prefix::{Chain, PrefixIndex, PrefixStats};
 
 /// A sequence's handle in the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -19,12 +22,20 @@ struct Block {
     refs: u32,
     /// Tokens written to it (0..=32).
     fill: u32,
+    /// When it became evictable (no references, still cached).
+    idle_since: u64,
 }
 
 #[derive(Debug, Clone, Default)]
 struct Sequence {
     blocks: Vec<BlockId>,
     len: usize,
+    /// Leading blocks matched in or added to the prefix index, and where that walk stands
+    /// (`None`: it cannot go on).
+    indexed: usize,
+    chain: Option<Chain>,
+    /// Its prefix lookup: tokens it could have reused and tokens it did.
+    lookup: (usize, usize),
 }
 
 /// One block's data to be converted from one tier's slot into another's.
@@ -46,6 +57,14 @@ pub struct BlockPool {
     next_seq: u64,
     conversions: u64,
     deferred: u64,
+    prefix: Option<PrefixIndex>,
+    /// Cached blocks without references, by the tick they became so.
+    evictable: BTreeMap<u64, BlockId>,
+    tick: u64,
+    /// Slots of evicted blocks the device must clear before they are written.
+    evicted: Vec<(Tier, u32)>,
+    /// Shared blocks copied for a sequence about to write into them (copy-on-write).
+    copies: Vec<Move>,
 }
 
 impl BlockPool {
@@ -62,7 +81,124 @@ impl BlockPool {
             next_seq: 0,
             conversions: 0,
             deferred: 0,
+            prefix: None,
+            evictable: BTreeMap::new(),
+            tick: 0,
+            evicted: Vec::new(),
+            copies: Vec::new(),
         }
+    }
+
+    /// Shares full blocks across sequences through `index`.
+    pub fn enable_prefix_cache(&mut self, index: PrefixIndex) {
+        self.prefix = Some(index);
+    }
+
+    /// The prefix cache's counters, if it is on.
+    pub fn prefix_stats(&self) -> Option<PrefixStats> {
+        self.prefix.as_ref().map(|p| p.stats)
+    }
+
+    /// A new sequence starting with the cached blocks that match `tokens` (never the block
+    /// holding the last token, whose logits the caller needs). Returns it and the tokens
+    /// it already holds.
+    pub fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize) {
+        let id = self.add_sequence();
+        let Some(prefix) = self.prefix.as_mut() else {
+            return (id, 0);
+        };
+        let max_blocks = tokens.len().saturating_sub(1) / BLOCK_TOKENS;
+        let (found, chain) = prefix.lookup(tokens, max_blocks);
+        prefix.stats.lookups += 1;
+        prefix.stats.lookup_tokens += (max_blocks * BLOCK_TOKENS) as u64;
+        prefix.stats.hit_tokens += (found.len() * BLOCK_TOKENS) as u64;
+        for &b in &found {
+            let block = &mut self.blocks[b as usize];
+            if block.refs == 0 {
+                self.evictable.remove(&block.idle_since);
+            }
+            block.refs += 1;
+        }
+        let len = found.len() * BLOCK_TOKENS;
+        let seq = self.seqs.get_mut(&id).expect("just added");
+        seq.lookup = (max_blocks * BLOCK_TOKENS, len);
+        seq.indexed = found.len();
+        seq.chain = Some(chain);
+        seq.blocks = found;
+        seq.len = len;
+        (id, len)
+    }
+
+    /// Frees a sequence that never ran (its admission was put off) and takes its lookup
+    /// back out of the prefix-cache figures, so a request counts once however often it
+    /// waits.
+    pub fn abandon_sequence(&mut self, id: SeqId) -> Result<Vec<(Tier, u32)>, KvError> {
+        let (looked, hit) = self.seq(id)?.lookup;
+        if let Some(p) = self.prefix.as_mut() {
+            p.stats.lookups -= 1;
+            p.stats.lookup_tokens -= looked as u64;
+            p.stats.hit_tokens -= hit as u64;
+        }
+        self.free_sequence(id)
+    }
+
+    /// Adds `id`'s full FP32 blocks not yet indexed; `tokens` are the ids it holds (at
+    /// least its length).
+    pub fn index_prefix(&mut self, id: SeqId, tokens: &[u32]) {
+        let Some(prefix) = self.prefix.as_mut() else {
+            return;
+        };
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let full = seq.len.min(tokens.len()) / BLOCK_TOKENS;
+        while seq.indexed < full {
+            let Some(chain) = seq.chain else { return };
+            let i = seq.indexed;
+            let b = seq.blocks[i];
+            if self.blocks[b as usize].tier != Tier::F32 {
+                seq.chain = None;
+                return;
+            }
+            seq.chain = prefix.insert(chain, b, &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
+            seq.indexed += 1;
+        }
+    }
+
+    /// Blocks to copy on the device (after clearing evicted slots, before writing):
+    /// shared, partly filled last blocks given to the sequence about to write into them.
+    pub fn take_copies(&mut self) -> Vec<Move> {
+        std::mem::take(&mut self.copies)
+    }
+
+    /// Whether `seq`'s next token goes into a block other sequences read.
+    fn writes_shared(&self, seq: &Sequence) -> bool {
+        !seq.len.is_multiple_of(BLOCK_TOKENS)
+            && seq.len / BLOCK_TOKENS < seq.blocks.len()
+            && self.blocks[seq.blocks[seq.len / BLOCK_TOKENS] as usize].refs > 1
+    }
+
+    /// Slots of evicted blocks to clear on the device before writing; empties the list.
+    pub fn take_evicted(&mut self) -> Vec<(Tier, u32)> {
+        std::mem::take(&mut self.evicted)
+    }
+
+    /// A free FP32 slot, evicting the least recently used cached block when none is free.
+    fn take_f32_slot(&mut self) -> Option<u32> {
+        if let Some(slot) = self.free_slots[0].pop() {
+            return Some(slot);
+        }
+        let (_, b) = self.evictable.pop_first()?;
+        let prefix = self
+            .prefix
+            .as_mut()
+            .expect("only cached blocks are evictable");
+        prefix.remove(b);
+        prefix.stats.evictions += 1;
+        let block = self.blocks[b as usize];
+        self.free_ids.push(b);
+        self.evicted.push((block.tier, block.slot));
+        Some(block.slot)
     }
 
     /// Slots per tier.
@@ -92,17 +228,25 @@ impl BlockPool {
         Ok(&self.seq(id)?.blocks)
     }
 
-    /// Free FP32 blocks (the tier new tokens are written to).
+    /// Free blocks of `tier`; for FP32 (the tier new tokens are written to) this counts
+    /// cached blocks without references, which are evicted when needed.
     pub fn free_blocks(&self, tier: Tier) -> usize {
-        self.free_slots[tier.index()].len()
+        let cached = match tier {
+            Tier::F32 => self.evictable.len(),
+            _ => 0,
+        };
+        self.free_slots[tier.index()].len() + cached
     }
 
-    /// FP32 blocks `id` still needs to hold `extra` more tokens.
+    /// FP32 blocks `id` still needs to hold `extra` more tokens (counting the copy of a
+    /// shared, partly filled block it would write into).
     pub fn blocks_needed(&self, id: SeqId, extra: usize) -> Result<usize, KvError> {
         let seq = self.seq(id)?;
+        let copy = usize::from(extra > 0 && self.writes_shared(seq));
         Ok((seq.len + extra)
             .div_ceil(BLOCK_TOKENS)
-            .saturating_sub(seq.blocks.len()))
+            .saturating_sub(seq.blocks.len())
+            + copy)
     }
 
     /// Makes room for `extra` more tokens of `id`, taking fresh FP32 blocks. All or nothing:
@@ -124,8 +268,25 @@ impl BlockPool {
                 free,
             });
         }
+        let mut needed = needed;
+        if extra > 0 && self.writes_shared(self.seq(id)?) {
+            // Copy-on-write: this sequence gets its own copy of the shared block.
+            let index = self.seq(id)?.len / BLOCK_TOKENS;
+            let shared = self.seq(id)?.blocks[index];
+            let old = self.blocks[shared as usize];
+            let slot = self.take_f32_slot().expect("counted above");
+            let copy = self.new_block(Tier::F32, slot);
+            self.blocks[copy as usize].fill = old.fill;
+            self.copies.push(Move {
+                from: (old.tier, old.slot),
+                to: (Tier::F32, slot),
+            });
+            self.seqs.get_mut(&id).expect("checked").blocks[index] = copy;
+            self.release(shared);
+            needed -= 1;
+        }
         for _ in 0..needed {
-            let slot = self.free_slots[0].pop().expect("counted above");
+            let slot = self.take_f32_slot().expect("counted above");
             let block = self.new_block(Tier::F32, slot);
             self.seqs.get_mut(&id).expect("checked").blocks.push(block);
         }
@@ -138,6 +299,7 @@ impl BlockPool {
             slot,
             refs: 1,
             fill: 0,
+            idle_since: 0,
         };
         match self.free_ids.pop() {
             Some(id) => {
@@ -194,6 +356,10 @@ impl BlockPool {
                 self.deferred += 1;
                 continue;
             };
+            // Its contents change: it leaves the prefix index.
+            if let Some(p) = self.prefix.as_mut() {
+                p.remove(bid);
+            }
             let slot = self.free_slots[tier.index()].pop().expect("checked");
             self.free_slots[from.0.index()].push(from.1);
             let block = &mut self.blocks[bid as usize];
@@ -227,11 +393,18 @@ impl BlockPool {
     }
 
     /// Drops a reference to `block`; at zero its slot returns to the free list and is
-    /// returned, so the device can clear it.
+    /// returned, so the device can clear it, unless the block is cached: then it waits,
+    /// evictable, for a sequence to match it again.
     pub fn release(&mut self, block: BlockId) -> Option<(Tier, u32)> {
         let b = &mut self.blocks[block as usize];
         b.refs -= 1;
         if b.refs > 0 {
+            return None;
+        }
+        if self.prefix.as_ref().is_some_and(|p| p.contains(block)) {
+            b.idle_since = self.tick;
+            self.evictable.insert(self.tick, block);
+            self.tick += 1;
             return None;
         }
         self.free_slots[b.tier.index()].push(b.slot);
@@ -255,6 +428,7 @@ impl BlockPool {
             Sequence {
                 blocks: shared,
                 len,
+                ..Sequence::default()
             },
         );
         Ok(new)
@@ -263,9 +437,11 @@ impl BlockPool {
     /// Frees `id`, releases its blocks and returns the slots that became free.
     pub fn free_sequence(&mut self, id: SeqId) -> Result<Vec<(Tier, u32)>, KvError> {
         let seq = self.seqs.remove(&id).ok_or(KvError::UnknownSequence(id))?;
+        // Deepest first: cached blocks then age so that prefixes outlive their extensions.
         Ok(seq
             .blocks
             .into_iter()
+            .rev()
             .filter_map(|b| self.release(b))
             .collect())
     }
@@ -275,11 +451,13 @@ impl BlockPool {
         let mut used = [0usize; 3];
         let mut tokens = 0usize;
         let mut used_blocks = 0usize;
+        let mut shared = 0usize;
         for b in &self.blocks {
             if b.refs > 0 {
                 used[b.tier.index()] += 1;
                 tokens += b.fill as usize;
                 used_blocks += 1;
+                shared += usize::from(b.refs > 1);
             }
         }
         KvStats {
@@ -292,6 +470,8 @@ impl BlockPool {
             conversions: self.conversions,
             deferred_conversions: self.deferred,
             sequences: self.seqs.len(),
+            cached_blocks: self.evictable.len(),
+            shared_blocks: shared,
         }
     }
 }

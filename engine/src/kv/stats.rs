@@ -19,6 +19,10 @@ pub struct KvStats {
     pub deferred_conversions: u64,
     /// Live sequences.
     pub sequences: usize,
+    /// Cached prefix blocks that no sequence uses (evictable; counted as free).
+    pub cached_blocks: usize,
+    /// Blocks read by more than one sequence.
+    pub shared_blocks: usize,
 }
 
 impl KvStats {

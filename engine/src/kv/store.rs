@@ -169,6 +169,15 @@ impl<B: Backend> KvStore<B> {
     /// the sources, then re-encodes each block on the host and writes it into its new slot. Reading everything first matters: a slot freed
     /// by one move may be the destination of another.
     pub fn apply_moves(&mut self, moves: &[Move]) {
+        self.transfer(moves, true);
+    }
+
+    /// Copies blocks into fresh (zeroed) slots, leaving the sources as they are.
+    pub fn copy_blocks(&mut self, copies: &[Move]) {
+        self.transfer(copies, false);
+    }
+
+    fn transfer(&mut self, moves: &[Move], clear_sources: bool) {
         let mut read = Vec::new();
         for source in Tier::ALL {
             let group: Vec<Move> = moves
@@ -181,8 +190,10 @@ impl<B: Backend> KvStore<B> {
                 read.push((self.read_blocks(source, &slots), group));
             }
         }
-        let freed: Vec<(Tier, u32)> = moves.iter().map(|m| m.from).collect();
-        self.clear(&freed);
+        if clear_sources {
+            let freed: Vec<(Tier, u32)> = moves.iter().map(|m| m.from).collect();
+            self.clear(&freed);
+        }
         for (values, group) in &read {
             for dest in Tier::ALL {
                 let picks: Vec<usize> = (0..group.len())

@@ -14,6 +14,13 @@ pub trait KvBlocks {
     fn capacity_tokens(&self) -> usize;
     /// Registers an empty sequence.
     fn add_sequence(&mut self) -> SeqId;
+    /// Registers a sequence that starts with the cached blocks matching `tokens` (with the
+    /// prefix cache on); returns it and the tokens it already holds.
+    fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize);
+    /// Frees a sequence from [`Self::add_sequence_with_prefix`] that never ran.
+    fn abandon_sequence(&mut self, seq: SeqId);
+    /// Offers `seq`'s full blocks, holding `tokens`, to the prefix cache.
+    fn index_prefix(&mut self, seq: SeqId, tokens: &[u32]);
     /// Frees a sequence and its blocks.
     fn free_sequence(&mut self, seq: SeqId);
 }
@@ -33,6 +40,18 @@ impl KvBlocks for BlockPool {
 
     fn add_sequence(&mut self) -> SeqId {
         BlockPool::add_sequence(self)
+    }
+
+    fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize) {
+        BlockPool::add_sequence_with_prefix(self, tokens)
+    }
+
+    fn index_prefix(&mut self, seq: SeqId, tokens: &[u32]) {
+        BlockPool::index_prefix(self, seq, tokens)
+    }
+
+    fn abandon_sequence(&mut self, seq: SeqId) {
+        let _ = BlockPool::abandon_sequence(self, seq);
     }
 
     fn free_sequence(&mut self, seq: SeqId) {
@@ -56,6 +75,18 @@ impl<B: Backend> KvBlocks for PagedKv<B> {
 
     fn add_sequence(&mut self) -> SeqId {
         PagedKv::add_sequence(self)
+    }
+
+    fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize) {
+        self.pool.add_sequence_with_prefix(tokens)
+    }
+
+    fn index_prefix(&mut self, seq: SeqId, tokens: &[u32]) {
+        self.pool.index_prefix(seq, tokens)
+    }
+
+    fn abandon_sequence(&mut self, seq: SeqId) {
+        let _ = PagedKv::abandon_sequence(self, seq);
     }
 
     fn free_sequence(&mut self, seq: SeqId) {

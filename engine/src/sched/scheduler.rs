@@ -187,12 +187,15 @@ impl Scheduler {
             if budget == 0 || plan.batch.len() == self.config.max_batch {
                 break;
             }
+            // A request without blocks starts with whatever the prefix cache holds of it.
+            let fresh = self.requests[&id].seq.is_none();
+            if fresh && !self.admit(id, kv, &mut free) {
+                continue;
+            }
             let r = &self.requests[&id];
+            let seq = r.seq.expect("admitted");
             let n = r.pending().min(budget);
-            let needed = match r.seq {
-                Some(seq) => kv.blocks_needed(seq, n),
-                None => n.div_ceil(BLOCK_TOKENS),
-            };
+            let needed = kv.blocks_needed(seq, n);
             // Preempt from the back of the order (not yet planned, holding blocks).
             while needed > free {
                 let victim = order[rank + 1..]
@@ -205,7 +208,14 @@ impl Scheduler {
                 plan.preempted.push(victim);
             }
             if needed > free {
-                if self.requests[&id].seq.is_some() {
+                if fresh {
+                    // Not started: it waits, and its cached blocks stay cached.
+                    let r = self.requests.get_mut(&id).expect("in flight");
+                    let before = kv.free_blocks();
+                    kv.abandon_sequence(r.seq.take().expect("admitted"));
+                    r.computed = 0;
+                    free += kv.free_blocks() - before;
+                } else {
                     // Nobody behind it holds blocks: it yields its own.
                     free += self.preempt(id, kv);
                     plan.preempted.push(id);
@@ -215,7 +225,6 @@ impl Scheduler {
             free -= needed;
             budget -= n;
             let r = self.requests.get_mut(&id).expect("in order");
-            let seq = *r.seq.get_or_insert_with(|| kv.add_sequence());
             plan.batch.push(Scheduled {
                 id,
                 seq,
@@ -226,7 +235,26 @@ impl Scheduler {
         plan
     }
 
-    /// Frees `id`'s blocks; it will recompute from the start. Returns blocks freed.
+    /// Gives `id` a sequence holding the cached blocks of its tokens (its computed tokens
+    /// start there). Refused, with nothing changed, when reviving cached blocks would take
+    /// free blocks promised to requests planned ahead of it.
+    fn admit(&mut self, id: RequestId, kv: &mut impl KvBlocks, free: &mut usize) -> bool {
+        let r = self.requests.get_mut(&id).expect("in flight");
+        let before = kv.free_blocks();
+        let (seq, hit) = kv.add_sequence_with_prefix(&r.tokens);
+        let revived = before - kv.free_blocks();
+        if revived > *free {
+            kv.abandon_sequence(seq);
+            return false;
+        }
+        *free -= revived;
+        r.seq = Some(seq);
+        r.computed = hit;
+        true
+    }
+
+    /// Frees `id`'s blocks; it will start again from what the prefix cache still holds
+    /// of it. Returns blocks freed.
     fn preempt(&mut self, id: RequestId, kv: &mut impl KvBlocks) -> usize {
         let r = self.requests.get_mut(&id).expect("in flight");
         let seq = r.seq.take().expect("holds blocks");

@@ -96,7 +96,8 @@ struct Figures {
     preemptions: u64,
 }
 
-fn percentile(v: &[f64], p: f64) -> f64 {
+/// The `p` quantile (0..1) of `v`; NaN when empty.
+pub(super) fn percentile(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -153,6 +154,9 @@ impl LoadBench<'_> {
         let capacity = a.kv.capacity(model.kv_dims(), config.max_batch, 256);
         let kv = model.new_paged_cache(capacity, a.kv.policy());
         let mut engine = Engine::new(model, kv, config, policy);
+        if !a.sched.no_prefix_cache {
+            engine = engine.with_prefix_cache();
+        }
         let window = a.sched.window_s();
         let mut f = Figures::default();
         let mut now = 0.0f64;
@@ -259,7 +263,7 @@ impl BackendTask for LoadBench<'_> {
             "--output-tokens takes MIN MAX"
         );
         let model = load_model::<B>(self.gguf, &device, a.model.load_options())?;
-        let text = self.text()?;
+        let text = read_text(&a.text, self.gguf)?;
         anyhow::ensure!(text.len() > a.prompt_tokens[1], "the text is too short");
 
         // Capacity: the whole workload at once through continuous batching.
@@ -335,15 +339,12 @@ impl BackendTask for LoadBench<'_> {
     }
 }
 
-impl LoadBench<'_> {
-    /// Prompt material: the reference text, tokenized.
-    fn text(&self) -> Result<Vec<u32>> {
-        let tok = super::super::tokenizer(self.gguf)?;
-        let path = &self.args.text;
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        Ok(tok.encode(&text, false)?)
-    }
+/// The token ids of a text file under the model's tokenizer.
+pub(super) fn read_text(path: &std::path::Path, gguf: &GgufFile<'_>) -> Result<Vec<u32>> {
+    let tok = super::super::tokenizer(gguf)?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(tok.encode(&text, false)?)
 }
 
 pub fn run(args: LoadArgs) -> Result<()> {

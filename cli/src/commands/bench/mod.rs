@@ -2,6 +2,7 @@
 
 mod kv;
 mod load;
+mod prefix;
 mod single;
 
 use anyhow::Result;
@@ -15,6 +16,8 @@ pub enum BenchCommand {
     Kv(kv::KvBenchArgs),
     /// Open-loop load: one at a time vs static batches vs continuous batching.
     Load(load::LoadArgs),
+    /// Shared prompt prefixes (chat): the prefix cache off and on at several batch sizes.
+    Prefix(prefix::PrefixArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -22,6 +25,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Single(args) => single::run(args),
         BenchCommand::Kv(args) => kv::run(args),
         BenchCommand::Load(args) => load::run(args),
+        BenchCommand::Prefix(args) => prefix::run(args),
     }
 }
 

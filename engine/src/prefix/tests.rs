@@ -1,0 +1,138 @@
+//! The prefix cache on the block pool alone (no device): hits, partial hits, verification
+//! against forced collisions, eviction order and that caching never refuses blocks.
+
+use super::*;
+use crate::kv::{BlockPool, KvCapacity, SeqId, TierPolicy, BLOCK_TOKENS};
+
+fn pool(blocks: usize) -> BlockPool {
+    let mut p = BlockPool::new(KvCapacity::f32_only(blocks), TierPolicy::DEFAULT);
+    p.enable_prefix_cache(PrefixIndex::new(7));
+    p
+}
+
+/// Token ids `from..from + n`.
+fn tokens(from: u32, n: usize) -> Vec<u32> {
+    (from..from + n as u32).collect()
+}
+
+/// Runs a sequence over `prompt` (all of it computed and indexed); returns it.
+fn run(pool: &mut BlockPool, prompt: &[u32]) -> (SeqId, usize) {
+    let (seq, hit) = pool.add_sequence_with_prefix(prompt);
+    let rest = prompt.len() - hit;
+    pool.reserve(seq, rest).unwrap();
+    pool.advance(seq, rest).unwrap();
+    pool.index_prefix(seq, prompt);
+    (seq, hit)
+}
+
+#[test]
+fn a_repeated_prompt_reuses_its_full_blocks_but_recomputes_the_last_token() {
+    let mut p = pool(16);
+    let prompt = tokens(0, 3 * BLOCK_TOKENS);
+    let (a, hit) = run(&mut p, &prompt);
+    assert_eq!(hit, 0);
+    let (b, hit) = run(&mut p, &prompt);
+    // The third block holds the last token, which must be computed for its logits.
+    assert_eq!(hit, 2 * BLOCK_TOKENS);
+    assert_eq!(p.blocks(a).unwrap()[..2], p.blocks(b).unwrap()[..2]);
+    assert_ne!(p.blocks(a).unwrap()[2], p.blocks(b).unwrap()[2]);
+    assert_eq!(p.stats().shared_blocks, 2);
+    assert_eq!(
+        p.prefix_stats().unwrap().hit_tokens,
+        2 * BLOCK_TOKENS as u64
+    );
+}
+
+#[test]
+fn a_prompt_that_parts_midway_reuses_only_the_common_blocks() {
+    let mut p = pool(16);
+    let a = tokens(0, 4 * BLOCK_TOKENS);
+    run(&mut p, &a);
+    let mut b = a.clone();
+    b[BLOCK_TOKENS + 5] = 9999; // parts in the second block
+    let (_, hit) = run(&mut p, &b);
+    assert_eq!(hit, BLOCK_TOKENS);
+    let stats = p.prefix_stats().unwrap();
+    assert_eq!(stats.lookups, 2);
+    assert_eq!(stats.collisions, 0);
+}
+
+#[test]
+fn a_forced_hash_collision_is_caught_by_verification() {
+    let mut p = BlockPool::new(KvCapacity::f32_only(16), TierPolicy::DEFAULT);
+    // Every block gets the same key.
+    p.enable_prefix_cache(PrefixIndex::with_hasher(7, |_, _| 42));
+    let a = tokens(0, 2 * BLOCK_TOKENS + 1);
+    run(&mut p, &a);
+    let b = tokens(1000, 2 * BLOCK_TOKENS + 1);
+    let (_, hit) = run(&mut p, &b);
+    assert_eq!(hit, 0, "other tokens under the same key are not reused");
+    // Same first block: it hits; the second has the first's key and fails verification.
+    let (_, hit) = run(&mut p, &a);
+    assert_eq!(hit, BLOCK_TOKENS);
+    assert!(p.prefix_stats().unwrap().collisions >= 2);
+}
+
+#[test]
+fn freed_blocks_stay_cached_and_are_evicted_least_recently_used_deepest_first() {
+    let mut p = pool(6);
+    let a = tokens(0, 3 * BLOCK_TOKENS);
+    let (sa, _) = run(&mut p, &a);
+    p.free_sequence(sa).unwrap();
+    assert_eq!(p.stats().blocks_used, 0);
+    assert_eq!(p.stats().cached_blocks, 3);
+    assert_eq!(
+        p.free_blocks(crate::kv::Tier::F32),
+        6,
+        "cached blocks count as free"
+    );
+    let b = tokens(5000, 3 * BLOCK_TOKENS);
+    let (sb, _) = run(&mut p, &b);
+    p.free_sequence(sb).unwrap();
+    assert_eq!(p.stats().cached_blocks, 6);
+    // Needing 2 blocks evicts a's deepest two (freed first, deepest first).
+    let c = tokens(9000, 2 * BLOCK_TOKENS);
+    let (sc, _) = run(&mut p, &c);
+    assert_eq!(p.prefix_stats().unwrap().evictions, 2);
+    let (_, hit) = p.add_sequence_with_prefix(&a);
+    assert_eq!(hit, BLOCK_TOKENS, "a's first block survived");
+    let (_, hit) = p.add_sequence_with_prefix(&b);
+    assert_eq!(hit, 2 * BLOCK_TOKENS, "b was used later and kept");
+    let _ = sc;
+}
+
+#[test]
+fn the_cache_never_makes_a_reservation_fail_while_blocks_are_evictable() {
+    let mut p = pool(4);
+    for round in 0..10u32 {
+        let prompt = tokens(round * 1000, 4 * BLOCK_TOKENS);
+        let (s, hit) = run(&mut p, &prompt);
+        assert_eq!(hit, 0);
+        p.free_sequence(s).unwrap();
+    }
+    assert_eq!(p.prefix_stats().unwrap().evictions, 36);
+}
+
+#[test]
+fn writing_after_a_shared_partly_filled_block_copies_it_first() {
+    let mut p = BlockPool::new(KvCapacity::f32_only(8), TierPolicy::ALL_F32);
+    let a = p.add_sequence();
+    p.reserve(a, 40).unwrap();
+    p.advance(a, 40).unwrap();
+    let b = p.fork(a, 2).unwrap();
+    assert_eq!(p.len(b).unwrap(), 40);
+    assert_eq!(p.blocks_needed(b, 1).unwrap(), 1, "the copy");
+    p.reserve(b, 1).unwrap();
+    let copies = p.take_copies();
+    assert_eq!(copies.len(), 1);
+    assert_ne!(p.blocks(a).unwrap()[1], p.blocks(b).unwrap()[1]);
+    assert_eq!(
+        p.blocks(a).unwrap()[0],
+        p.blocks(b).unwrap()[0],
+        "full blocks stay shared"
+    );
+    // a now holds its block alone: writing into it copies nothing.
+    assert_eq!(p.blocks_needed(a, 1).unwrap(), 0);
+    p.reserve(a, 1).unwrap();
+    assert!(p.take_copies().is_empty());
+}
