@@ -183,7 +183,8 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             let stop = &self.decoding[&s.id].stop_ids;
             let finished = self.sched.complete(s, sampled, stop);
             if let Some(r) = self.sched.get(s.id) {
-                self.kv.index_prefix(s.seq, &r.tokens[..r.computed]);
+                self.kv
+                    .index_prefix(s.seq, &r.tokens[..r.computed], finished.is_some());
             }
             if let Some(reason) = finished {
                 self.decoding.remove(&s.id);

@@ -153,8 +153,9 @@ fn preemption_with_the_prefix_cache_keeps_every_output_unchanged() {
 }
 
 /// The reference prompts behind a 150-token common prefix (from the reference text): the
-/// first request runs alone, then the other two share its four full prefix blocks. Greedy
-/// tokens equal those of the same schedule without the prefix cache.
+/// first request runs alone, then the other two reuse its four full prefix blocks and the
+/// first 22 tokens of its fifth (a copy, with the rest of the block zeroed). Greedy tokens
+/// equal those of the same schedule without the prefix cache.
 struct SharedPrefix;
 
 impl BackendTask for SharedPrefix {
@@ -213,11 +214,8 @@ impl BackendTask for SharedPrefix {
             stats.hit_rate()
         );
         assert_eq!(got, want, "greedy tokens with and without the prefix cache");
-        assert_eq!(
-            stats.hit_tokens,
-            2 * 4 * 32,
-            "two requests reuse four blocks each"
-        );
+        // Four full blocks and 22 tokens of a fifth (copied before writing) at least.
+        assert!(stats.hit_tokens >= 2 * 150, "two requests reuse the prefix");
         assert_eq!(computed_without - computed_with, stats.hit_tokens);
     }
 }

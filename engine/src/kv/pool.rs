@@ -63,8 +63,9 @@ pub struct BlockPool {
     tick: u64,
     /// Slots of evicted blocks the device must clear before they are written.
     evicted: Vec<(Tier, u32)>,
-    /// Shared blocks copied for a sequence about to write into them (copy-on-write).
-    copies: Vec<Move>,
+    /// Shared blocks copied for a sequence about to write into them (copy-on-write), with
+    /// the rows of each copy that hold that sequence's tokens (the rest start at zero).
+    copies: Vec<(Move, usize)>,
 }
 
 impl BlockPool {
@@ -107,24 +108,30 @@ impl BlockPool {
         let Some(prefix) = self.prefix.as_mut() else {
             return (id, 0);
         };
-        let max_blocks = tokens.len().saturating_sub(1) / BLOCK_TOKENS;
-        let (found, chain) = prefix.lookup(tokens, max_blocks);
+        let limit = tokens.len().saturating_sub(1);
+        let m = prefix.lookup(tokens, limit);
+        let len = m.tokens();
         prefix.stats.lookups += 1;
-        prefix.stats.lookup_tokens += (max_blocks * BLOCK_TOKENS) as u64;
-        prefix.stats.hit_tokens += (found.len() * BLOCK_TOKENS) as u64;
-        for &b in &found {
+        prefix.stats.lookup_tokens += limit as u64;
+        prefix.stats.hit_tokens += len as u64;
+        let attached: Vec<BlockId> = m
+            .full
+            .iter()
+            .copied()
+            .chain(m.partial.map(|p| p.0))
+            .collect();
+        for &b in &attached {
             let block = &mut self.blocks[b as usize];
             if block.refs == 0 {
                 self.evictable.remove(&block.idle_since);
             }
             block.refs += 1;
         }
-        let len = found.len() * BLOCK_TOKENS;
         let seq = self.seqs.get_mut(&id).expect("just added");
-        seq.lookup = (max_blocks * BLOCK_TOKENS, len);
-        seq.indexed = found.len();
-        seq.chain = Some(chain);
-        seq.blocks = found;
+        seq.lookup = (limit, len);
+        seq.indexed = m.full.len();
+        seq.chain = Some(m.chain);
+        seq.blocks = attached;
         seq.len = len;
         (id, len)
     }
@@ -142,9 +149,9 @@ impl BlockPool {
         self.free_sequence(id)
     }
 
-    /// Adds `id`'s full FP32 blocks not yet indexed; `tokens` are the ids it holds (at
-    /// least its length).
-    pub fn index_prefix(&mut self, id: SeqId, tokens: &[u32]) {
+    /// Adds `id`'s full FP32 blocks not yet indexed, and with `finished` its partly filled
+    /// last block; `tokens` are the ids it holds (at least its length).
+    pub fn index_prefix(&mut self, id: SeqId, tokens: &[u32], finished: bool) {
         let Some(prefix) = self.prefix.as_mut() else {
             return;
         };
@@ -163,19 +170,30 @@ impl BlockPool {
             seq.chain = prefix.insert(chain, b, &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
             seq.indexed += 1;
         }
+        let len = seq.len.min(tokens.len());
+        let tail = full * BLOCK_TOKENS..len;
+        if finished && !tail.is_empty() && seq.indexed == full {
+            let b = seq.blocks[full];
+            if let (Some(chain), Tier::F32) = (seq.chain, self.blocks[b as usize].tier) {
+                prefix.insert_partial(chain, b, &tokens[tail]);
+            }
+        }
     }
 
     /// Blocks to copy on the device (after clearing evicted slots, before writing):
     /// shared, partly filled last blocks given to the sequence about to write into them.
-    pub fn take_copies(&mut self) -> Vec<Move> {
+    pub fn take_copies(&mut self) -> Vec<(Move, usize)> {
         std::mem::take(&mut self.copies)
     }
 
-    /// Whether `seq`'s next token goes into a block other sequences read.
+    /// Whether `seq`'s next token goes into a block other sequences read or the prefix
+    /// cache holds.
     fn writes_shared(&self, seq: &Sequence) -> bool {
-        !seq.len.is_multiple_of(BLOCK_TOKENS)
-            && seq.len / BLOCK_TOKENS < seq.blocks.len()
-            && self.blocks[seq.blocks[seq.len / BLOCK_TOKENS] as usize].refs > 1
+        if seq.len.is_multiple_of(BLOCK_TOKENS) || seq.len / BLOCK_TOKENS >= seq.blocks.len() {
+            return false;
+        }
+        let b = seq.blocks[seq.len / BLOCK_TOKENS];
+        self.blocks[b as usize].refs > 1 || self.prefix.as_ref().is_some_and(|p| p.contains(b))
     }
 
     /// Slots of evicted blocks to clear on the device before writing; empties the list.
@@ -276,11 +294,15 @@ impl BlockPool {
             let old = self.blocks[shared as usize];
             let slot = self.take_f32_slot().expect("counted above");
             let copy = self.new_block(Tier::F32, slot);
-            self.blocks[copy as usize].fill = old.fill;
-            self.copies.push(Move {
-                from: (old.tier, old.slot),
-                to: (Tier::F32, slot),
-            });
+            let keep = self.seq(id)?.len % BLOCK_TOKENS;
+            self.blocks[copy as usize].fill = keep as u32;
+            self.copies.push((
+                Move {
+                    from: (old.tier, old.slot),
+                    to: (Tier::F32, slot),
+                },
+                keep,
+            ));
             self.seqs.get_mut(&id).expect("checked").blocks[index] = copy;
             self.release(shared);
             needed -= 1;

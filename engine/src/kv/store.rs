@@ -169,15 +169,19 @@ impl<B: Backend> KvStore<B> {
     /// the sources, then re-encodes each block on the host and writes it into its new slot. Reading everything first matters: a slot freed
     /// by one move may be the destination of another.
     pub fn apply_moves(&mut self, moves: &[Move]) {
-        self.transfer(moves, true);
+        self.transfer(moves, None);
     }
 
-    /// Copies blocks into fresh (zeroed) slots, leaving the sources as they are.
-    pub fn copy_blocks(&mut self, copies: &[Move]) {
-        self.transfer(copies, false);
+    /// Copies the first `rows` token rows of blocks into fresh (zeroed) slots, leaving
+    /// the sources as they are (copy-on-write).
+    pub fn copy_blocks(&mut self, copies: &[(Move, usize)]) {
+        let moves: Vec<Move> = copies.iter().map(|c| c.0).collect();
+        let keep: Vec<usize> = copies.iter().map(|c| c.1).collect();
+        self.transfer(&moves, Some(&keep));
     }
 
-    fn transfer(&mut self, moves: &[Move], clear_sources: bool) {
+    /// Moves (sources cleared) or, with `keep` rows per move, copies blocks.
+    fn transfer(&mut self, moves: &[Move], keep: Option<&[usize]>) {
         let mut read = Vec::new();
         for source in Tier::ALL {
             let group: Vec<Move> = moves
@@ -190,11 +194,14 @@ impl<B: Backend> KvStore<B> {
                 read.push((self.read_blocks(source, &slots), group));
             }
         }
-        if clear_sources {
+        if keep.is_none() {
             let freed: Vec<(Tier, u32)> = moves.iter().map(|m| m.from).collect();
             self.clear(&freed);
         }
-        for (values, group) in &read {
+        for (values, group) in &mut read {
+            if let Some(keep) = keep {
+                self.zero_tails(values, group, moves, keep);
+            }
             for dest in Tier::ALL {
                 let picks: Vec<usize> = (0..group.len())
                     .filter(|&i| group[i].to.0 == dest)
@@ -202,6 +209,21 @@ impl<B: Backend> KvStore<B> {
                 if !picks.is_empty() {
                     self.write_blocks(dest, group, &picks, values);
                 }
+            }
+        }
+    }
+
+    /// Zeroes the rows past `keep` of each block in `values` (read for `group`, a subset of
+    /// `moves` in order), so a copy holds only the tokens of the sequence it is for.
+    fn zero_tails(&self, values: &mut [f32], group: &[Move], moves: &[Move], keep: &[usize]) {
+        let row_len = self.dims.n_kv_heads * self.dims.head_dim;
+        let block_len = BLOCK_TOKENS * row_len;
+        let per_arena = group.len() * block_len;
+        for (i, m) in group.iter().enumerate() {
+            let k = keep[moves.iter().position(|x| x == m).expect("in moves")];
+            for arena in 0..values.len() / per_arena {
+                let start = arena * per_arena + i * block_len;
+                values[start + k * row_len..start + block_len].fill(0.0);
             }
         }
     }

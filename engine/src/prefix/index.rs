@@ -3,6 +3,9 @@
 //! keys mean equal prefixes up to hash collisions. Every hit is verified: the entry's
 //! tokens must equal the request's and its parent must be the entry matched just before
 //! (node ids are never reused), so a collision can only cost a miss, never wrong output.
+//! The last, partly filled block of a finished sequence is indexed too, found through its
+//! parent; a full block can also serve its first tokens. A sequence that reuses a block
+//! partly copies it before writing into it.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -32,12 +35,31 @@ pub struct Chain {
 /// The root node's id; real nodes start at 1.
 const ROOT_NODE: u64 = 0;
 
+/// An indexed block: a full one under its key, or a partly filled one (the last block of
+/// a finished sequence) found through its parent.
 #[derive(Debug, Clone)]
-struct Entry {
-    block: BlockId,
+struct Node {
+    key: Option<u64>,
     node: u64,
     parent: u64,
     tokens: Box<[u32]>,
+}
+
+/// What a lookup found: full blocks in order, then perhaps a block whose first tokens
+/// continue the prompt (to be copied before it is written: copy-on-write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixMatch {
+    pub full: Vec<BlockId>,
+    pub partial: Option<(BlockId, usize)>,
+    /// The walk after the full blocks.
+    pub chain: Chain,
+}
+
+impl PrefixMatch {
+    /// Tokens reused.
+    pub fn tokens(&self) -> usize {
+        self.full.len() * BLOCK_TOKENS + self.partial.map_or(0, |p| p.1)
+    }
 }
 
 /// Counters of the index, read by metrics and benchmarks.
@@ -45,7 +67,7 @@ struct Entry {
 pub struct PrefixStats {
     /// Prompts looked up.
     pub lookups: u64,
-    /// Tokens those prompts could have reused (their full blocks, less the last token).
+    /// Tokens those prompts could have reused (all but their last token).
     pub lookup_tokens: u64,
     /// Tokens reused from the index.
     pub hit_tokens: u64,
@@ -67,11 +89,13 @@ impl PrefixStats {
     }
 }
 
-/// Full blocks by chained prefix hash.
+/// Blocks by chained prefix hash.
 #[derive(Debug)]
 pub struct PrefixIndex {
-    entries: HashMap<u64, Entry>,
-    keys: HashMap<BlockId, u64>,
+    keys: HashMap<u64, BlockId>,
+    nodes: HashMap<BlockId, Node>,
+    /// Indexed blocks by their parent's node id.
+    children: HashMap<u64, Vec<BlockId>>,
     hasher: BlockHasher,
     root: u64,
     next_node: u64,
@@ -88,8 +112,9 @@ impl PrefixIndex {
     /// An index with another hash function (tests force collisions with it).
     pub fn with_hasher(salt: u64, hasher: BlockHasher) -> Self {
         Self {
-            entries: HashMap::new(),
             keys: HashMap::new(),
+            nodes: HashMap::new(),
+            children: HashMap::new(),
             hasher,
             root: hasher(salt, &[]),
             next_node: ROOT_NODE + 1,
@@ -105,75 +130,130 @@ impl PrefixIndex {
         }
     }
 
-    /// The verified cached blocks that start `tokens`, at most `max_blocks` of them.
-    pub fn lookup(&mut self, tokens: &[u32], max_blocks: usize) -> (Vec<BlockId>, Chain) {
+    /// The verified cached blocks that hold the first `limit` tokens of `tokens`, or as
+    /// many as are cached: full blocks by key, then the child of the last one sharing the
+    /// most leading tokens with what is left.
+    pub fn lookup(&mut self, tokens: &[u32], limit: usize) -> PrefixMatch {
+        let limit = limit.min(tokens.len());
         let mut chain = self.root();
-        let mut found = Vec::new();
-        for block in tokens.chunks_exact(BLOCK_TOKENS).take(max_blocks) {
+        let mut full = Vec::new();
+        while (full.len() + 1) * BLOCK_TOKENS <= limit {
+            let i = full.len() * BLOCK_TOKENS;
+            let block = &tokens[i..i + BLOCK_TOKENS];
             let key = (self.hasher)(chain.key, block);
-            let Some(e) = self.entries.get(&key) else {
+            let Some(&b) = self.keys.get(&key) else {
                 break;
             };
-            if e.parent != chain.node || *e.tokens != *block {
+            let n = &self.nodes[&b];
+            if n.parent != chain.node || *n.tokens != *block {
                 self.stats.collisions += 1;
                 break;
             }
-            found.push(e.block);
-            chain = Chain { key, node: e.node };
+            full.push(b);
+            chain = Chain { key, node: n.node };
         }
-        (found, chain)
+        let rest = &tokens[full.len() * BLOCK_TOKENS..limit];
+        let partial = self
+            .children
+            .get(&chain.node)
+            .into_iter()
+            .flatten()
+            .map(|&b| {
+                let common = self.nodes[&b]
+                    .tokens
+                    .iter()
+                    .zip(rest)
+                    .take_while(|(x, y)| x == y)
+                    .count();
+                (b, common)
+            })
+            .filter(|&(_, common)| common > 0)
+            .max_by_key(|&(_, common)| common);
+        PrefixMatch {
+            full,
+            partial,
+            chain,
+        }
     }
 
-    /// Indexes `block`, holding `tokens`, after `chain`; returns the chain that continues
-    /// from it. When its key is taken (the same prefix cached by another block, or a
-    /// collision) the block stays out of the index and the chain goes on through the
-    /// entry already there if it holds the same prefix, else the walk cannot go on.
+    /// Indexes the full `block`, holding `tokens`, after `chain`; returns the chain that
+    /// continues from it. When its key is taken (the same prefix cached by another block,
+    /// or a collision) the block stays out of the index and the chain goes on through the
+    /// block already there if it holds the same prefix, else the walk cannot go on.
     pub fn insert(&mut self, chain: Chain, block: BlockId, tokens: &[u32]) -> Option<Chain> {
         debug_assert_eq!(tokens.len(), BLOCK_TOKENS);
         let key = (self.hasher)(chain.key, tokens);
-        if let Some(e) = self.entries.get(&key) {
-            return (e.parent == chain.node && *e.tokens == *tokens)
-                .then_some(Chain { key, node: e.node });
+        if let Some(b) = self.keys.get(&key) {
+            let n = &self.nodes[b];
+            return (n.parent == chain.node && *n.tokens == *tokens)
+                .then_some(Chain { key, node: n.node });
         }
+        let node = self.add(chain, block, tokens, Some(key));
+        self.keys.insert(key, block);
+        Some(Chain { key, node })
+    }
+
+    /// Indexes a partly filled last `block` holding `tokens` after `chain`, unless a
+    /// child there already holds them.
+    pub fn insert_partial(&mut self, chain: Chain, block: BlockId, tokens: &[u32]) {
+        debug_assert!(!tokens.is_empty() && tokens.len() < BLOCK_TOKENS);
+        let known = self
+            .children
+            .get(&chain.node)
+            .into_iter()
+            .flatten()
+            .any(|b| self.nodes[b].tokens.starts_with(tokens));
+        if !known {
+            self.add(chain, block, tokens, None);
+        }
+    }
+
+    fn add(&mut self, chain: Chain, block: BlockId, tokens: &[u32], key: Option<u64>) -> u64 {
         let node = self.next_node;
         self.next_node += 1;
-        self.entries.insert(
-            key,
-            Entry {
-                block,
+        self.nodes.insert(
+            block,
+            Node {
+                key,
                 node,
                 parent: chain.node,
                 tokens: tokens.into(),
             },
         );
-        self.keys.insert(block, key);
+        self.children.entry(chain.node).or_default().push(block);
         self.stats.inserted += 1;
-        Some(Chain { key, node })
+        node
     }
 
     /// Whether `block` is in the index.
     pub fn contains(&self, block: BlockId) -> bool {
-        self.keys.contains_key(&block)
+        self.nodes.contains_key(&block)
     }
 
     /// Takes `block` out of the index (it was evicted or its contents change).
     pub fn remove(&mut self, block: BlockId) -> bool {
-        match self.keys.remove(&block) {
-            Some(key) => {
-                self.entries.remove(&key);
-                true
-            }
-            None => false,
+        let Some(n) = self.nodes.remove(&block) else {
+            return false;
+        };
+        if let Some(key) = n.key {
+            self.keys.remove(&key);
         }
+        if let Some(siblings) = self.children.get_mut(&n.parent) {
+            siblings.retain(|&b| b != block);
+            if siblings.is_empty() {
+                self.children.remove(&n.parent);
+            }
+        }
+        true
     }
 
     /// Blocks in the index.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.nodes.len()
     }
 
     /// Whether the index is empty.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.nodes.is_empty()
     }
 }

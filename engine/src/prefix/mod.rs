@@ -5,7 +5,7 @@
 //! and evicts them least recently used first.
 
 mod index;
-pub use index::{sip_hasher, BlockHasher, Chain, PrefixIndex, PrefixStats};
+pub use index::{sip_hasher, BlockHasher, Chain, PrefixIndex, PrefixMatch, PrefixStats};
 
 #[cfg(test)]
 mod tests;

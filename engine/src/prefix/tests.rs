@@ -21,26 +21,25 @@ fn run(pool: &mut BlockPool, prompt: &[u32]) -> (SeqId, usize) {
     let rest = prompt.len() - hit;
     pool.reserve(seq, rest).unwrap();
     pool.advance(seq, rest).unwrap();
-    pool.index_prefix(seq, prompt);
+    pool.index_prefix(seq, prompt, false);
     (seq, hit)
 }
 
 #[test]
-fn a_repeated_prompt_reuses_its_full_blocks_but_recomputes_the_last_token() {
+fn a_repeated_prompt_reuses_all_but_its_last_token_copying_the_block_it_writes() {
     let mut p = pool(16);
     let prompt = tokens(0, 3 * BLOCK_TOKENS);
     let (a, hit) = run(&mut p, &prompt);
     assert_eq!(hit, 0);
     let (b, hit) = run(&mut p, &prompt);
-    // The third block holds the last token, which must be computed for its logits.
-    assert_eq!(hit, 2 * BLOCK_TOKENS);
+    // Two full blocks and 31 tokens of the third; the last token is computed for its
+    // logits, into a copy of the third block.
+    assert_eq!(hit, 3 * BLOCK_TOKENS - 1);
     assert_eq!(p.blocks(a).unwrap()[..2], p.blocks(b).unwrap()[..2]);
     assert_ne!(p.blocks(a).unwrap()[2], p.blocks(b).unwrap()[2]);
+    assert_eq!(p.take_copies().len(), 1);
     assert_eq!(p.stats().shared_blocks, 2);
-    assert_eq!(
-        p.prefix_stats().unwrap().hit_tokens,
-        2 * BLOCK_TOKENS as u64
-    );
+    assert_eq!(p.prefix_stats().unwrap().hit_tokens, hit as u64);
 }
 
 #[test]
@@ -51,7 +50,8 @@ fn a_prompt_that_parts_midway_reuses_only_the_common_blocks() {
     let mut b = a.clone();
     b[BLOCK_TOKENS + 5] = 9999; // parts in the second block
     let (_, hit) = run(&mut p, &b);
-    assert_eq!(hit, BLOCK_TOKENS);
+    // The first block, and the second's first five tokens (copied before writing).
+    assert_eq!(hit, BLOCK_TOKENS + 5);
     let stats = p.prefix_stats().unwrap();
     assert_eq!(stats.lookups, 2);
     assert_eq!(stats.collisions, 0);
@@ -97,7 +97,7 @@ fn freed_blocks_stay_cached_and_are_evicted_least_recently_used_deepest_first() 
     let (_, hit) = p.add_sequence_with_prefix(&a);
     assert_eq!(hit, BLOCK_TOKENS, "a's first block survived");
     let (_, hit) = p.add_sequence_with_prefix(&b);
-    assert_eq!(hit, 2 * BLOCK_TOKENS, "b was used later and kept");
+    assert_eq!(hit, 3 * BLOCK_TOKENS - 1, "b was used later and kept");
     let _ = sc;
 }
 
@@ -135,4 +135,32 @@ fn writing_after_a_shared_partly_filled_block_copies_it_first() {
     assert_eq!(p.blocks_needed(a, 1).unwrap(), 0);
     p.reserve(a, 1).unwrap();
     assert!(p.take_copies().is_empty());
+}
+
+#[test]
+fn the_partly_filled_last_block_of_a_finished_sequence_is_reused() {
+    let mut p = pool(16);
+    let a = tokens(0, 40);
+    let (sa, _) = p.add_sequence_with_prefix(&a);
+    p.reserve(sa, 40).unwrap();
+    p.advance(sa, 40).unwrap();
+    p.index_prefix(sa, &a, true);
+    p.free_sequence(sa).unwrap();
+    assert_eq!(
+        p.stats().cached_blocks,
+        2,
+        "a full and a partial block stay cached"
+    );
+    let mut b = a.clone();
+    b.extend(tokens(500, 8));
+    let (sb, hit) = p.add_sequence_with_prefix(&b);
+    assert_eq!(hit, 40);
+    p.reserve(sb, 8).unwrap();
+    let copies = p.take_copies();
+    assert_eq!(
+        copies.len(),
+        1,
+        "the cached partial block is copied, not written"
+    );
+    assert_eq!(copies[0].1, 8, "the copy keeps its 8 tokens");
 }

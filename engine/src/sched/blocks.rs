@@ -19,8 +19,9 @@ pub trait KvBlocks {
     fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize);
     /// Frees a sequence from [`Self::add_sequence_with_prefix`] that never ran.
     fn abandon_sequence(&mut self, seq: SeqId);
-    /// Offers `seq`'s full blocks, holding `tokens`, to the prefix cache.
-    fn index_prefix(&mut self, seq: SeqId, tokens: &[u32]);
+    /// Offers `seq`'s full blocks, holding `tokens`, to the prefix cache (and with
+    /// `finished` its partly filled last block).
+    fn index_prefix(&mut self, seq: SeqId, tokens: &[u32], finished: bool);
     /// Frees a sequence and its blocks.
     fn free_sequence(&mut self, seq: SeqId);
 }
@@ -46,8 +47,8 @@ impl KvBlocks for BlockPool {
         BlockPool::add_sequence_with_prefix(self, tokens)
     }
 
-    fn index_prefix(&mut self, seq: SeqId, tokens: &[u32]) {
-        BlockPool::index_prefix(self, seq, tokens)
+    fn index_prefix(&mut self, seq: SeqId, tokens: &[u32], finished: bool) {
+        BlockPool::index_prefix(self, seq, tokens, finished)
     }
 
     fn abandon_sequence(&mut self, seq: SeqId) {
@@ -81,8 +82,8 @@ impl<B: Backend> KvBlocks for PagedKv<B> {
         self.pool.add_sequence_with_prefix(tokens)
     }
 
-    fn index_prefix(&mut self, seq: SeqId, tokens: &[u32]) {
-        self.pool.index_prefix(seq, tokens)
+    fn index_prefix(&mut self, seq: SeqId, tokens: &[u32], finished: bool) {
+        self.pool.index_prefix(seq, tokens, finished)
     }
 
     fn abandon_sequence(&mut self, seq: SeqId) {
