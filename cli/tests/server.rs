@@ -761,3 +761,26 @@ fn sigterm_stops_accepting_lets_running_requests_finish_and_exits_zero() {
     };
     assert!(status.success(), "exit status {status}");
 }
+
+#[test]
+fn connections_beyond_the_limit_wait_until_one_closes() {
+    let server = Server::start(&["--max-connections", "1"]);
+    // An idle client holds the only connection slot.
+    let idle = TcpStream::connect(&server.addr).expect("connect");
+    std::thread::sleep(Duration::from_millis(300));
+    let (tx, rx) = mpsc::channel();
+    let (agent, url) = (server.agent.clone(), server.url("/health"));
+    std::thread::spawn(move || {
+        let status = agent.get(&url).call().map(|r| r.status().as_u16());
+        let _ = tx.send(status.ok());
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(2)).is_err(),
+        "a second connection was served while the only slot was taken"
+    );
+    drop(idle);
+    let status = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("served once the slot freed");
+    assert_eq!(status, Some(200));
+}

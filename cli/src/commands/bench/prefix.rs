@@ -232,7 +232,7 @@ impl BackendTask for PrefixBench<'_> {
             "workload: per batch size B, B conversations over {} system prompts of {} tokens, {} turns of {} user tokens and {} reply tokens; KV pool {} MiB",
             a.system_prompts, a.system_tokens, a.turns, a.user_tokens, a.output_tokens, a.kv.kv_memory
         );
-        println!("| batch | prefix cache | TTFT P50 s | TTFT P99 s | tokens/min | KV blocks in use, mean / peak | hit rate | prompt tokens computed | preemptions |");
+        println!("| batch | prefix cache | TTFT P50 s | TTFT P99 s | tokens/min | KV blocks in use, mean / peak | hit rate | tokens computed, of all fed | preemptions |");
         println!("|---|---|---|---|---|---|---|---|---|");
         for &batch in &a.batch_sizes {
             let mut rows = Vec::new();
