@@ -18,8 +18,8 @@ step "the openai Python client (used by the server test) if missing"
 # Installed into the cache with --target, so no virtual environment is needed.
 export FORNAX_PYTHONPATH="${FORNAX_HOME:-$HOME/.cache/fornax}/python"
 if ! PYTHONPATH="$FORNAX_PYTHONPATH" python3 -c "import openai" 2>/dev/null; then
-    python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --target "$FORNAX_PYTHONPATH" "openai==3.57.0" ||
-        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore --break-system-packages \
+    python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --target "$FORNAX_PYTHONPATH" "openai==3.57.0" ||
+        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --break-system-packages \
             --target "$FORNAX_PYTHONPATH" "openai==3.57.0"
 fi
 
