@@ -228,12 +228,7 @@ impl BackendTask for Reference {
         let gguf = GgufFile::parse(file.bytes()).unwrap();
         let tok = Tokenizer::from_gguf(&gguf).unwrap();
         let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
-        let mut stop_ids: Vec<u32> = tok.eos_id.into_iter().collect();
-        stop_ids.extend(
-            ["<|im_end|>", "<|endoftext|>"]
-                .iter()
-                .filter_map(|t| tok.token_id(t)),
-        );
+        let stop_ids = tok.stop_ids();
         let params = GenerateParams {
             max_tokens: MAX_TOKENS,
             stop_ids: stop_ids.clone(),

@@ -81,12 +81,10 @@ impl GenerateArgs {
     }
 
     fn params(&self, tok: &Tokenizer) -> GenerateParams {
-        let mut stop_ids = Vec::new();
-        if !self.ignore_eos {
-            stop_ids.extend(tok.eos_id);
-            stop_ids.extend(tok.token_id("<|im_end|>"));
-            stop_ids.extend(tok.token_id("<|endoftext|>"));
-        }
+        let stop_ids = match self.ignore_eos {
+            true => Vec::new(),
+            false => tok.stop_ids(),
+        };
         GenerateParams {
             max_tokens: self.max_tokens,
             sampling: SamplingParams {

@@ -4,13 +4,13 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::channel;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use fornax::engine_loop::run_engine;
 use fornax::server::limits::Queue;
-use fornax::server::{serve, telemetry, AppState, Limits, ModelInfo, ServerConfig};
+use fornax::server::{serve, telemetry, unix_now, AppState, Limits, ModelInfo, ServerConfig};
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::tokenizer::Tokenizer;
@@ -78,14 +78,7 @@ impl BackendTask for Serve<'_> {
         );
         let mut engine = a.sched.engine(&model, kv);
         let context = model.config.max_seq_len;
-        let tok = &self.tokenizer;
-        let mut stop_ids: Vec<u32> = tok.eos_id.into_iter().collect();
-        stop_ids.extend(
-            ["<|im_end|>", "<|endoftext|>"]
-                .iter()
-                .filter_map(|t| tok.token_id(t)),
-        );
-        stop_ids.dedup();
+        let stop_ids = self.tokenizer.stop_ids();
 
         let (commands, inbox) = channel();
         let engine_alive = Arc::new(AtomicBool::new(true));
@@ -94,9 +87,7 @@ impl BackendTask for Serve<'_> {
             tokenizer: self.tokenizer.clone(),
             model: ModelInfo {
                 name: self.name.clone(),
-                created: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs()),
+                created: unix_now(),
                 context,
             },
             limits: Limits {

@@ -56,10 +56,7 @@ impl Envelope {
     /// A whole response (`stream: false`).
     fn response(&self, text: &str, reason: &str, usage: Value) -> Value {
         let (object, choice) = match self.endpoint {
-            Endpoint::Completions => (
-                "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
-            ),
+            Endpoint::Completions => ("text_completion", text_choice(text, Some(reason))),
             Endpoint::Chat => (
                 "chat.completion",
                 json!({"index": 0, "message": {"role": "assistant", "content": text},
@@ -71,39 +68,37 @@ impl Envelope {
 
     /// A streamed chunk with `text`, or with the finish reason at the end.
     fn chunk(&self, text: &str, reason: Option<&str>) -> Value {
-        let (object, choice) = match self.endpoint {
-            Endpoint::Completions => (
-                "text_completion",
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason}),
-            ),
+        let choice = match self.endpoint {
+            Endpoint::Completions => text_choice(text, reason),
             Endpoint::Chat => {
                 let delta = match reason {
                     Some(_) if text.is_empty() => json!({}),
                     _ => json!({"content": text}),
                 };
-                (
-                    "chat.completion.chunk",
-                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason}),
-                )
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
             }
         };
-        self.wrap(object, vec![choice], None)
+        self.wrap(self.chunk_object(), vec![choice], None)
     }
 
     /// The chat stream's first chunk, naming the role.
     fn role_chunk(&self) -> Value {
         let choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""},
                             "logprobs": null, "finish_reason": null});
-        self.wrap("chat.completion.chunk", vec![choice], None)
+        self.wrap(self.chunk_object(), vec![choice], None)
     }
 
     /// The last chunk of a stream with `include_usage`.
     fn usage_chunk(&self, usage: Value) -> Value {
-        let object = match self.endpoint {
+        self.wrap(self.chunk_object(), Vec::new(), Some(usage))
+    }
+
+    /// The `object` of streamed chunks.
+    fn chunk_object(&self) -> &'static str {
+        match self.endpoint {
             Endpoint::Completions => "text_completion",
             Endpoint::Chat => "chat.completion.chunk",
-        };
-        self.wrap(object, Vec::new(), Some(usage))
+        }
     }
 
     fn wrap(&self, object: &str, choices: Vec<Value>, usage: Option<Value>) -> Value {
@@ -118,7 +113,13 @@ impl Envelope {
     }
 }
 
-fn unix_now() -> u64 {
+/// A completion choice (whole or streamed).
+fn text_choice(text: &str, reason: Option<&str>) -> Value {
+    json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason})
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

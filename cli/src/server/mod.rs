@@ -6,6 +6,7 @@ pub mod api;
 pub mod error;
 pub mod generation;
 mod handlers;
+pub use handlers::unix_now;
 pub mod limits;
 pub mod telemetry;
 pub mod text;

@@ -251,4 +251,16 @@ impl Tokenizer {
         let text = self.chat_template()?.render(messages, true)?;
         self.encode(&text, true)
     }
+
+    /// Tokens that end a generation: end of sequence, end of turn (`<|im_end|>`) and end
+    /// of text, those the vocabulary has, each once.
+    pub fn stop_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.eos_id.into_iter().collect();
+        for text in ["<|im_end|>", "<|endoftext|>"] {
+            if let Some(id) = self.token_id(text).filter(|id| !ids.contains(id)) {
+                ids.push(id);
+            }
+        }
+        ids
+    }
 }
