@@ -40,13 +40,28 @@ impl<B: EngineBackend> SeqCache<B> for KvCache<B> {
 pub struct PagedSeq<'a, B: Backend> {
     pub kv: &'a mut PagedKv<B>,
     pub seq: SeqId,
+    /// Sink blocks and window tokens kept before each forward pass (an elastic window
+    /// held at one size).
+    pub window: Option<(usize, usize)>,
 }
 
 impl<'a, B: Backend> PagedSeq<'a, B> {
     /// Registers a new sequence in `kv`.
     pub fn new(kv: &'a mut PagedKv<B>) -> Self {
         let seq = kv.add_sequence();
-        Self { kv, seq }
+        Self {
+            kv,
+            seq,
+            window: None,
+        }
+    }
+
+    /// A sequence that, before each forward pass, keeps only its first `sink_blocks`
+    /// blocks and the blocks holding its newest `window` tokens.
+    pub fn windowed(kv: &'a mut PagedKv<B>, sink_blocks: usize, window: usize) -> Self {
+        let mut seq = Self::new(kv);
+        seq.window = Some((sink_blocks, window));
+        seq
     }
 }
 
@@ -67,6 +82,9 @@ impl<B: EngineBackend> SeqCache<B> for PagedSeq<'_, B> {
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Tensor<B, 2>, ModelError> {
+        if let Some((sink, window)) = self.window {
+            self.kv.trim_window(self.seq, sink, window)?;
+        }
         let batch = [SeqTokens {
             seq: self.seq,
             tokens,

@@ -129,6 +129,22 @@ struct KernelCheck {
     rows: usize,
     /// Run single-row batches through the prefill kernel too.
     force_prefill: bool,
+    /// Trim each sequence to its first block and newest `window` tokens first (the
+    /// elastic window): new rows then sit at positions past their cache rows.
+    window: Option<usize>,
+}
+
+/// Drops from `f`'s host copy the tokens its trimmed sequence no longer holds.
+fn trim_host<B: EngineBackend>(kv: &mut PagedKv<B>, f: &mut Filled, window: usize) {
+    let width = N_KV * HD;
+    let len = f.keys.len() / width;
+    kv.trim_window(f.seq, 1, window).unwrap();
+    let dropped = len - kv.pool.stored(f.seq).unwrap();
+    let gone = 32 * width..(32 + dropped) * width;
+    if dropped > 0 {
+        f.keys.drain(gone.clone());
+        f.values.drain(gone);
+    }
 }
 
 impl BackendTask for KernelCheck {
@@ -144,7 +160,13 @@ impl BackendTask for KernelCheck {
             slots: [64, 64, 64],
         };
         let mut kv = PagedKv::<B>::new(dims, capacity, self.policy, &device);
-        let filled: Vec<Filled> = self.lengths.iter().map(|&n| fill(&mut kv, n)).collect();
+        let mut filled: Vec<Filled> = self.lengths.iter().map(|&n| fill(&mut kv, n)).collect();
+        if let Some(window) = self.window {
+            for f in &mut filled {
+                trim_host(&mut kv, f, window);
+            }
+            assert!(kv.stats().window_dropped_tokens > 0);
+        }
         let tiers = kv.stats().blocks_used_by_tier;
 
         // New rows for every sequence in one dispatch: keys written first, as the model does.
@@ -214,17 +236,18 @@ fn run(
     tier_tolerance: f32,
     force_prefill: bool,
 ) {
-    run_on(
-        BackendKind::Wgpu,
-        KernelCheck {
-            policy,
-            lengths: lengths.to_vec(),
-            tier_tolerance,
-            rows,
-            force_prefill,
-        },
-    )
-    .expect("wgpu adapter");
+    run_check(KernelCheck {
+        policy,
+        lengths: lengths.to_vec(),
+        tier_tolerance,
+        rows,
+        force_prefill,
+        window: None,
+    });
+}
+
+fn run_check(check: KernelCheck) {
+    run_on(BackendKind::Wgpu, check).expect("wgpu adapter");
 }
 
 /// The lengths the issue names, after which the new token lands at 1, 31, 32, 33, 1000.
@@ -286,4 +309,24 @@ fn prefill_fp32_matches_reference() {
 fn long_context_through_both_kernels() {
     run(TierPolicy::DEFAULT, &[2047], 1, 5e-3, false);
     run(TierPolicy::DEFAULT, &[2047], 1, 5e-3, true);
+}
+
+/// Sequences trimmed by the elastic window: both kernels attend over the kept blocks
+/// (cache rows), not up to the tokens' positions.
+#[test]
+fn trimmed_sequences_through_both_kernels() {
+    let policy = TierPolicy {
+        recent: Some(64),
+        int8_after: None,
+    };
+    for (rows, force_prefill) in [(1, false), (1, true), (40, false)] {
+        run_check(KernelCheck {
+            policy,
+            lengths: vec![10, 150, 300, 999],
+            tier_tolerance: 5e-3,
+            rows,
+            force_prefill,
+            window: Some(100),
+        });
+    }
 }

@@ -129,7 +129,7 @@ impl BackendTask for Generate<'_> {
             let capacity = self
                 .args
                 .kv
-                .capacity(model.kv_dims(), 1, params.prefill_chunk);
+                .capacity(model.kv_dims(), 1, params.prefill_chunk)?;
             let mut kv = model.new_paged_cache(capacity, self.args.kv.policy());
             let mut seq = PagedSeq::new(&mut kv);
             let ids = generate_in(&model, &mut seq, &prompt, &params, on_token)?;

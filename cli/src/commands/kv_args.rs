@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use fornax_engine::kv::{KvCapacity, KvDims, TierPolicy};
+use fornax_engine::kv::{KvCapacity, KvDims, TierPolicy, BLOCK_TOKENS};
 
 /// KV cache settings.
 #[derive(Args, Debug, Clone)]
@@ -44,8 +44,21 @@ impl KvArgs {
         }
     }
 
-    /// Pool slots from the budget, for `max_seqs` sequences prefilled `chunk` tokens at a time.
-    pub fn capacity(&self, dims: KvDims, max_seqs: usize, chunk: usize) -> KvCapacity {
-        KvCapacity::from_budget(self.kv_memory << 20, dims, self.policy(), max_seqs, chunk)
+    /// Pool slots from the budget, for `max_seqs` sequences prefilled `chunk` tokens at a
+    /// time. A budget whose FP32 tier cannot hold one sequence's newest tokens plus a
+    /// block is refused: blocks would never age out of it, and nothing could run.
+    pub fn capacity(&self, dims: KvDims, max_seqs: usize, chunk: usize) -> Result<KvCapacity> {
+        let cap =
+            KvCapacity::from_budget(self.kv_memory << 20, dims, self.policy(), max_seqs, chunk);
+        let recent = self.kv_recent.0.unwrap_or(0);
+        let needed = recent.div_ceil(BLOCK_TOKENS) + 1;
+        if cap.slots[0] < needed {
+            bail!(
+                "--kv-memory {} MiB leaves {} FP32 blocks; at least {needed} are needed (the newest {recent} tokens kept in FP32 plus one block): raise --kv-memory or lower --kv-recent",
+                self.kv_memory,
+                cap.slots[0]
+            );
+        }
+        Ok(cap)
     }
 }

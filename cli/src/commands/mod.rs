@@ -8,6 +8,7 @@ pub mod perplexity;
 pub mod sched_args;
 pub mod serve;
 pub mod tokenize;
+pub mod window_args;
 
 use std::path::PathBuf;
 

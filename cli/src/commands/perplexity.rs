@@ -49,7 +49,7 @@ impl BackendTask for Score<'_> {
         let logprobs = if self.kv.contiguous_kv {
             token_logprobs_in(&model, &mut model.new_cache(), &self.ids, self.chunk)?
         } else {
-            let capacity = self.kv.capacity(model.kv_dims(), 1, self.chunk);
+            let capacity = self.kv.capacity(model.kv_dims(), 1, self.chunk)?;
             let mut kv = model.new_paged_cache(capacity, self.kv.policy());
             let mut seq = PagedSeq::new(&mut kv);
             let logprobs = token_logprobs_in(&model, &mut seq, &self.ids, self.chunk)?;

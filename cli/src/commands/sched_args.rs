@@ -6,6 +6,8 @@ use fornax_engine::model::LlamaModel;
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::{Engine, EngineBackend};
 
+use super::window_args::WindowArgs;
+
 /// Scheduler settings.
 #[derive(Args, Debug, Clone)]
 pub struct SchedArgs {
@@ -25,6 +27,8 @@ pub struct SchedArgs {
     /// Do not share the KV blocks of common prompt prefixes across requests.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    #[command(flatten)]
+    pub elastic: WindowArgs,
 }
 
 impl SchedArgs {
@@ -33,6 +37,7 @@ impl SchedArgs {
         SchedulerConfig {
             max_batch_tokens: self.max_batch_tokens.max(1),
             max_batch: self.max_batch.max(1),
+            window: self.elastic.window(),
             ..SchedulerConfig::default()
         }
     }

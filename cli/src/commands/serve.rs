@@ -73,7 +73,7 @@ impl BackendTask for Serve<'_> {
         let model = load_model::<B>(self.gguf, &device, a.model.load_options())?;
         let config = a.sched.config();
         let kv = model.new_paged_cache(
-            a.kv.capacity(model.kv_dims(), config.max_batch, 256),
+            a.kv.capacity(model.kv_dims(), config.max_batch, 256)?,
             a.kv.policy(),
         );
         let mut engine = a.sched.engine(&model, kv);

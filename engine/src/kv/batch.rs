@@ -12,8 +12,11 @@ pub struct BatchSeq {
     pub row_start: usize,
     /// New tokens (rows) of this sequence.
     pub rows: usize,
-    /// Position of the first new token (tokens already cached).
+    /// Tokens already cached: the first new token's row in the sequence's blocks.
     pub start: usize,
+    /// Position of the first new token (for RoPE): `start` plus any tokens an elastic
+    /// window dropped.
+    pub position: usize,
     /// Block-table entries (`tier << 28 | slot`), covering `start + rows` tokens.
     pub table: Vec<u32>,
 }
@@ -35,12 +38,14 @@ pub struct PagedBatch<B: Backend> {
     pub write_rows: Tensor<B, 1, Int>,
     /// Position of each row (for RoPE).
     pub positions: Tensor<B, 1, Int>,
+    /// Row of each new token in its sequence's cache: it attends to keys `0..=row`.
+    pub key_rows: Tensor<B, 1, Int>,
     /// `[n_seqs, max_blocks]` block tables, zero-padded.
     pub tables: Tensor<B, 2, Int>,
     pub max_blocks: usize,
     /// Sequence index of each row (decode kernel).
     pub row_seq: Tensor<B, 1, Int>,
-    /// Query tiles of at most 32 rows: sequence, first row, first position, rows.
+    /// Query tiles of at most 32 rows: sequence, first row, first key row, rows.
     pub tiles: [Tensor<B, 1, Int>; 4],
     /// Whether every sequence has exactly one new row.
     pub decode_only: bool,
@@ -52,11 +57,13 @@ impl<B: Backend> PagedBatch<B> {
         let max_blocks = seqs.iter().map(|s| s.table.len()).max().unwrap_or(1).max(1);
         let mut tables = vec![0u32; seqs.len() * max_blocks];
         let mut positions = Vec::new();
+        let mut key_rows = Vec::new();
         let mut row_seq = Vec::new();
         let mut tiles: [Vec<u32>; 4] = Default::default();
         for (i, s) in seqs.iter().enumerate() {
             tables[i * max_blocks..i * max_blocks + s.table.len()].copy_from_slice(&s.table);
-            positions.extend((s.start..s.total()).map(|p| p as u32));
+            positions.extend((s.position..s.position + s.rows).map(|p| p as u32));
+            key_rows.extend((s.start..s.total()).map(|p| p as u32));
             row_seq.extend(std::iter::repeat_n(i as u32, s.rows));
             for first in (0..s.rows).step_by(BLOCK_TOKENS) {
                 tiles[0].push(i as u32);
@@ -72,6 +79,7 @@ impl<B: Backend> PagedBatch<B> {
             kernels,
             write_rows: ids(write_rows, device),
             positions: ids(&positions, device),
+            key_rows: ids(&key_rows, device),
             tables,
             max_blocks,
             row_seq: ids(&row_seq, device),

@@ -61,7 +61,7 @@ impl<B: Backend> PagedKv<B> {
         let mut needed = 0;
         let capacity = self.pool.capacity().total() * BLOCK_TOKENS;
         for &(seq, new) in parts {
-            let tokens = self.pool.len(seq)? + new;
+            let tokens = self.pool.stored(seq)? + new;
             if tokens > capacity {
                 return Err(KvError::NeverFits { tokens, capacity });
             }
@@ -80,12 +80,12 @@ impl<B: Backend> PagedKv<B> {
         let mut row_start = 0;
         for &(seq, new) in parts {
             self.pool.reserve(seq, new)?;
-            let start = self.pool.len(seq)?;
-            rows.extend(self.pool.write_rows(seq, start, new)?);
+            rows.extend(self.pool.write_rows(seq, new)?);
             seqs.push(BatchSeq {
                 row_start,
                 rows: new,
-                start,
+                start: self.pool.stored(seq)?,
+                position: self.pool.len(seq)?,
                 table: self.pool.table(seq)?,
             });
             row_start += new;
@@ -105,6 +105,22 @@ impl<B: Backend> PagedKv<B> {
             self.kernels,
             self.store.device(),
         ))
+    }
+
+    /// Keeps `seq`'s first `sink_blocks` blocks and those holding its newest `window`
+    /// tokens, freeing the blocks between (see [`BlockPool::trim_window`]).
+    pub fn trim_window(
+        &mut self,
+        seq: SeqId,
+        sink_blocks: usize,
+        window: usize,
+    ) -> Result<(), KvError> {
+        let (freed, moves) = self.pool.trim_window(seq, sink_blocks, window)?;
+        self.store.clear(&freed);
+        if !moves.is_empty() {
+            self.store.apply_moves(&moves);
+        }
+        Ok(())
     }
 
     /// Records that the batch's tokens were written, and converts blocks that aged.

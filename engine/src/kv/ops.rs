@@ -61,7 +61,7 @@ where
                 arenas(&kv.values),
                 batch.tables.clone().into_primitive(),
                 int(&batch.row_seq),
-                int(&batch.positions),
+                int(&batch.key_rows),
                 shape,
             )
         } else {

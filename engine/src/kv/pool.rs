@@ -29,13 +29,23 @@ struct Block {
 #[derive(Debug, Clone, Default)]
 struct Sequence {
     blocks: Vec<BlockId>,
+    /// Tokens it has run: the position of its next token.
     len: usize,
+    /// Tokens whose blocks an elastic window dropped (whole blocks after the sink).
+    dropped: usize,
     /// Leading blocks matched in or added to the prefix index, and where that walk stands
     /// (`None`: it cannot go on).
     indexed: usize,
     chain: Option<Chain>,
     /// Its prefix lookup: tokens it could have reused and tokens it did.
     lookup: (usize, usize),
+}
+
+impl Sequence {
+    /// Tokens held in its blocks.
+    fn stored(&self) -> usize {
+        self.len - self.dropped
+    }
 }
 
 /// One block's data to be converted from one tier's slot into another's.
@@ -57,6 +67,9 @@ pub struct BlockPool {
     next_seq: u64,
     conversions: u64,
     deferred: u64,
+    /// Elastic-window trims and the tokens they dropped.
+    trims: u64,
+    trimmed_tokens: u64,
     prefix: Option<PrefixIndex>,
     /// Cached blocks without references, by the tick they became so.
     evictable: BTreeMap<u64, BlockId>,
@@ -82,6 +95,8 @@ impl BlockPool {
             next_seq: 0,
             conversions: 0,
             deferred: 0,
+            trims: 0,
+            trimmed_tokens: 0,
             prefix: None,
             evictable: BTreeMap::new(),
             tick: 0,
@@ -155,7 +170,8 @@ impl BlockPool {
         let Some(prefix) = self.prefix.as_mut() else {
             return;
         };
-        let Some(seq) = self.seqs.get_mut(&id) else {
+        // A windowed sequence's blocks no longer follow its tokens.
+        let Some(seq) = self.seqs.get_mut(&id).filter(|s| s.dropped == 0) else {
             return;
         };
         let full = seq.len.min(tokens.len()) / BLOCK_TOKENS;
@@ -189,10 +205,11 @@ impl BlockPool {
     /// Whether `seq`'s next token goes into a block other sequences read or the prefix
     /// cache holds.
     fn writes_shared(&self, seq: &Sequence) -> bool {
-        if seq.len.is_multiple_of(BLOCK_TOKENS) || seq.len / BLOCK_TOKENS >= seq.blocks.len() {
+        let at = seq.stored();
+        if at.is_multiple_of(BLOCK_TOKENS) || at / BLOCK_TOKENS >= seq.blocks.len() {
             return false;
         }
-        let b = seq.blocks[seq.len / BLOCK_TOKENS];
+        let b = seq.blocks[at / BLOCK_TOKENS];
         self.blocks[b as usize].refs > 1 || self.prefix.as_ref().is_some_and(|p| p.contains(b))
     }
 
@@ -236,9 +253,14 @@ impl BlockPool {
         self.seqs.get(&id).ok_or(KvError::UnknownSequence(id))
     }
 
-    /// Tokens stored for `id`.
+    /// Tokens `id` has run (the position of its next token).
     pub fn len(&self, id: SeqId) -> Result<usize, KvError> {
         Ok(self.seq(id)?.len)
+    }
+
+    /// Tokens held in `id`'s blocks: [`len`](Self::len) less those a window dropped.
+    pub fn stored(&self, id: SeqId) -> Result<usize, KvError> {
+        Ok(self.seq(id)?.stored())
     }
 
     /// Blocks of `id`, oldest first.
@@ -261,7 +283,7 @@ impl BlockPool {
     pub fn blocks_needed(&self, id: SeqId, extra: usize) -> Result<usize, KvError> {
         let seq = self.seq(id)?;
         let copy = usize::from(extra > 0 && self.writes_shared(seq));
-        Ok((seq.len + extra)
+        Ok((seq.stored() + extra)
             .div_ceil(BLOCK_TOKENS)
             .saturating_sub(seq.blocks.len())
             + copy)
@@ -271,7 +293,7 @@ impl BlockPool {
     /// on [`KvError::OutOfBlocks`] nothing changed.
     pub fn reserve(&mut self, id: SeqId, extra: usize) -> Result<(), KvError> {
         let needed = self.blocks_needed(id, extra)?;
-        let tokens = self.seq(id)?.len + extra;
+        let tokens = self.seq(id)?.stored() + extra;
         if tokens.div_ceil(BLOCK_TOKENS) > self.capacity.total() {
             return Err(KvError::NeverFits {
                 tokens,
@@ -289,12 +311,12 @@ impl BlockPool {
         let mut needed = needed;
         if extra > 0 && self.writes_shared(self.seq(id)?) {
             // Copy-on-write: this sequence gets its own copy of the shared block.
-            let index = self.seq(id)?.len / BLOCK_TOKENS;
+            let index = self.seq(id)?.stored() / BLOCK_TOKENS;
             let shared = self.seq(id)?.blocks[index];
             let old = self.blocks[shared as usize];
             let slot = self.take_f32_slot().expect("counted above");
             let copy = self.new_block(Tier::F32, slot);
-            let keep = self.seq(id)?.len % BLOCK_TOKENS;
+            let keep = self.seq(id)?.stored() % BLOCK_TOKENS;
             self.blocks[copy as usize].fill = keep as u32;
             self.copies.push((
                 Move {
@@ -335,10 +357,11 @@ impl BlockPool {
         }
     }
 
-    /// FP32 arena rows (`slot * 32 + offset`) of positions `start..start + count` of `id`,
-    /// which [`reserve`](Self::reserve) made room for.
-    pub fn write_rows(&self, id: SeqId, start: usize, count: usize) -> Result<Vec<u32>, KvError> {
+    /// FP32 arena rows (`slot * 32 + offset`) of `id`'s next `count` tokens, which
+    /// [`reserve`](Self::reserve) made room for.
+    pub fn write_rows(&self, id: SeqId, count: usize) -> Result<Vec<u32>, KvError> {
         let seq = self.seq(id)?;
+        let start = seq.stored();
         Ok((start..start + count)
             .map(|pos| {
                 let block = self.blocks[seq.blocks[pos / BLOCK_TOKENS] as usize];
@@ -352,18 +375,25 @@ impl BlockPool {
     /// blocks that aged out of their tier. Returns the conversions the device must copy.
     pub fn advance(&mut self, id: SeqId, count: usize) -> Result<Vec<Move>, KvError> {
         let seq = self.seqs.get_mut(&id).ok_or(KvError::UnknownSequence(id))?;
-        let len = seq.len + count;
         assert!(
-            len <= seq.blocks.len() * BLOCK_TOKENS,
+            seq.stored() + count <= seq.blocks.len() * BLOCK_TOKENS,
             "advance past reserve"
         );
-        seq.len = len;
+        seq.len += count;
+        Ok(self.age(id))
+    }
+
+    /// Updates the fill of `id`'s blocks and converts those that aged out of their tier
+    /// (as far as the lower tiers have room); returns the conversions.
+    fn age(&mut self, id: SeqId) -> Vec<Move> {
+        let seq = &self.seqs[&id];
+        let stored = seq.stored();
         let ids = seq.blocks.clone();
         let mut moves = Vec::new();
         for (index, &bid) in ids.iter().enumerate() {
             let block = &mut self.blocks[bid as usize];
-            block.fill = (len.saturating_sub(index * BLOCK_TOKENS)).min(BLOCK_TOKENS) as u32;
-            let target = self.policy.tier_for(index, len);
+            block.fill = (stored.saturating_sub(index * BLOCK_TOKENS)).min(BLOCK_TOKENS) as u32;
+            let target = self.policy.tier_for(index, stored);
             // Shared blocks are read by other sequences at other ages: they keep their tier.
             if target <= block.tier || block.refs > 1 {
                 continue;
@@ -393,7 +423,37 @@ impl BlockPool {
                 to: (tier, slot),
             });
         }
-        Ok(moves)
+        moves
+    }
+
+    /// Drops `id`'s whole blocks between its first `sink_blocks` and the blocks holding
+    /// its newest `window` tokens (an elastic window); the sequence goes on at the same
+    /// positions. Returns the slots freed (to clear on the device) and the conversions of
+    /// blocks that can now move to a lower tier.
+    pub fn trim_window(
+        &mut self,
+        id: SeqId,
+        sink_blocks: usize,
+        window: usize,
+    ) -> Result<(Vec<(Tier, u32)>, Vec<Move>), KvError> {
+        let seq = self.seqs.get_mut(&id).ok_or(KvError::UnknownSequence(id))?;
+        let stored = seq.stored();
+        // The first block still holding one of the newest `window` tokens.
+        let first_kept = stored.saturating_sub(window) / BLOCK_TOKENS;
+        if first_kept <= sink_blocks {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let gone: Vec<BlockId> = seq.blocks.drain(sink_blocks..first_kept).collect();
+        seq.dropped += gone.len() * BLOCK_TOKENS;
+        seq.chain = None;
+        self.trimmed_tokens += (gone.len() * BLOCK_TOKENS) as u64;
+        self.trims += 1;
+        let freed = gone
+            .into_iter()
+            .rev()
+            .filter_map(|b| self.release(b))
+            .collect();
+        Ok((freed, self.age(id)))
     }
 
     /// Block-table entries of `id` (`tier << 28 | slot`), oldest first.
@@ -494,6 +554,8 @@ impl BlockPool {
             sequences: self.seqs.len(),
             cached_blocks: self.evictable.len(),
             shared_blocks: shared,
+            window_trims: self.trims,
+            window_dropped_tokens: self.trimmed_tokens,
         }
     }
 }

@@ -23,6 +23,9 @@ pub struct KvStats {
     pub cached_blocks: usize,
     /// Blocks read by more than one sequence.
     pub shared_blocks: usize,
+    /// Times an elastic window trimmed a sequence, and the tokens it dropped.
+    pub window_trims: u64,
+    pub window_dropped_tokens: u64,
 }
 
 impl KvStats {

@@ -116,3 +116,59 @@ fn a_full_lower_tier_defers_the_conversion() {
     assert!(st.deferred_conversions >= 2, "{st:?}");
     assert_eq!(st.blocks_used_by_tier, [4, 1, 0]);
 }
+
+#[test]
+fn an_elastic_window_drops_whole_blocks_between_the_sinks_and_the_newest_tokens() {
+    let mut p = pool([8, 0, 0], TierPolicy::ALL_F32);
+    let s = p.add_sequence();
+    p.reserve(s, 200).unwrap();
+    p.advance(s, 200).unwrap();
+    let table = p.table(s).unwrap();
+    // A window longer than the sequence keeps everything.
+    let (freed, _) = p.trim_window(s, 1, 200).unwrap();
+    assert!(freed.is_empty());
+    // Keep block 0 and the blocks holding the newest 70 tokens (130..200: blocks 4..6).
+    let (freed, moves) = p.trim_window(s, 1, 70).unwrap();
+    assert_eq!(freed.len(), 3);
+    assert!(moves.is_empty());
+    assert_eq!(p.len(s).unwrap(), 200, "positions go on");
+    assert_eq!(p.stored(s).unwrap(), 104);
+    assert_eq!(
+        p.table(s).unwrap(),
+        [table[0], table[4], table[5], table[6]]
+    );
+    assert_eq!(p.free_blocks(Tier::F32), 8 - 4);
+    // The next token goes after the last stored one, in the last block.
+    let rows = p.write_rows(s, 1).unwrap();
+    assert_eq!(rows, [(table[6] & SLOT_MASK) * 32 + 8]);
+    let st = p.stats();
+    assert_eq!((st.window_trims, st.window_dropped_tokens), (1, 96));
+    assert_eq!(st.tokens_stored, 104);
+    // Trimming again at the same length drops nothing.
+    assert!(p.trim_window(s, 1, 70).unwrap().0.is_empty());
+    p.free_sequence(s).unwrap();
+    assert_eq!(p.free_blocks(Tier::F32), 8);
+}
+
+#[test]
+fn trimming_frees_room_for_conversions_deferred_by_a_full_tier() {
+    // Two FP16 slots: of a 192-token sequence's five aged blocks, three stay FP32.
+    let policy = TierPolicy {
+        recent: Some(32),
+        int8_after: None,
+    };
+    let mut p = pool([8, 2, 0], policy);
+    let s = p.add_sequence();
+    p.reserve(s, 192).unwrap();
+    let moves = p.advance(s, 192).unwrap();
+    assert_eq!(moves.len(), 2);
+    assert_eq!(p.stats().blocks_used_by_tier, [4, 2, 0]);
+    // Keep block 0 and blocks 4..6: block 1 (FP16) and blocks 2, 3 (FP32) go, and block
+    // 4, now old enough, converts into the freed FP16 slot.
+    let (freed, moves) = p.trim_window(s, 1, 64).unwrap();
+    assert_eq!(freed.len(), 3);
+    assert_eq!(moves.len(), 1);
+    assert_eq!(moves[0].to.0, Tier::F16);
+    assert_eq!(p.stats().blocks_used_by_tier, [1, 2, 0]);
+    assert_eq!(p.stored(s).unwrap(), 96);
+}

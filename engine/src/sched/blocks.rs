@@ -24,6 +24,9 @@ pub trait KvBlocks {
     fn index_prefix(&mut self, seq: SeqId, tokens: &[u32], finished: bool);
     /// Frees a sequence and its blocks.
     fn free_sequence(&mut self, seq: SeqId);
+    /// Drops `seq`'s blocks between its first `sink_blocks` and those holding its newest
+    /// `window` tokens (the elastic window).
+    fn trim_window(&mut self, seq: SeqId, sink_blocks: usize, window: usize);
 }
 
 impl KvBlocks for BlockPool {
@@ -59,6 +62,11 @@ impl KvBlocks for BlockPool {
         // Freeing an unknown sequence has nothing to free.
         let _ = BlockPool::free_sequence(self, seq);
     }
+
+    fn trim_window(&mut self, seq: SeqId, sink_blocks: usize, window: usize) {
+        // Without a device, conversions are bookkeeping only.
+        let _ = BlockPool::trim_window(self, seq, sink_blocks, window);
+    }
 }
 
 impl<B: Backend> KvBlocks for PagedKv<B> {
@@ -92,5 +100,9 @@ impl<B: Backend> KvBlocks for PagedKv<B> {
 
     fn free_sequence(&mut self, seq: SeqId) {
         let _ = PagedKv::free_sequence(self, seq);
+    }
+
+    fn trim_window(&mut self, seq: SeqId, sink_blocks: usize, window: usize) {
+        let _ = PagedKv::trim_window(self, seq, sink_blocks, window);
     }
 }

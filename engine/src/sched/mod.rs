@@ -12,8 +12,10 @@ mod request;
 mod scheduler;
 #[cfg(test)]
 mod tests;
+mod window;
 
 pub use blocks::KvBlocks;
 pub use policy::{Fcfs, Policy, PolicyKind, QosAging, SeedScore};
 pub use request::{Entry, FinishReason, RequestId, SubmitError};
 pub use scheduler::{Scheduled, Scheduler, SchedulerConfig, StepPlan};
+pub use window::ElasticWindow;

@@ -2,8 +2,25 @@
 
 use std::collections::BTreeMap;
 
-use super::{Entry, FinishReason, KvBlocks, Policy, PolicyKind, RequestId, SubmitError};
+use super::{
+    ElasticWindow, Entry, FinishReason, KvBlocks, Policy, PolicyKind, RequestId, SubmitError,
+};
 use crate::kv::{SeqId, BLOCK_TOKENS};
+
+/// The most of `n` tokens whose blocks (`needed(m)` for `m` tokens, growing with `m`) fit
+/// in `free`; 0 if none do.
+fn fitting(n: usize, free: usize, needed: impl Fn(usize) -> usize) -> usize {
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if needed(mid) <= free {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
 
 /// Limits of one step.
 #[derive(Debug, Clone, Copy)]
@@ -14,6 +31,8 @@ pub struct SchedulerConfig {
     pub max_batch: usize,
     /// The model's context length.
     pub max_seq_len: usize,
+    /// Trim sequences to an elastic window before preempting (`--kv-window elastic`).
+    pub window: Option<ElasticWindow>,
 }
 
 impl Default for SchedulerConfig {
@@ -22,6 +41,7 @@ impl Default for SchedulerConfig {
             max_batch_tokens: 2048,
             max_batch: 64,
             max_seq_len: 8192,
+            window: None,
         }
     }
 }
@@ -194,8 +214,11 @@ impl Scheduler {
             }
             let r = &self.requests[&id];
             let seq = r.seq.expect("admitted");
-            let n = r.pending().min(budget);
-            let needed = kv.blocks_needed(seq, n);
+            let mut n = r.pending().min(budget);
+            let mut needed = kv.blocks_needed(seq, n);
+            if needed > free {
+                free += self.trim_to_window(&order, needed - free, kv);
+            }
             // Preempt from the back of the order (not yet planned, holding blocks).
             while needed > free {
                 let victim = order[rank + 1..]
@@ -207,7 +230,13 @@ impl Scheduler {
                 free += self.preempt(victim, kv);
                 plan.preempted.push(victim);
             }
-            if needed > free {
+            if needed > free && plan.batch.is_empty() && self.running() == 1 {
+                // Alone in the pool, a prefill chunk larger than the free blocks runs in
+                // part: no one else will free room for it.
+                n = fitting(n, free, |m| kv.blocks_needed(seq, m));
+                needed = kv.blocks_needed(seq, n);
+            }
+            if n == 0 || needed > free {
                 if fresh {
                     // Not started: it waits, and its cached blocks stay cached.
                     let r = self.requests.get_mut(&id).expect("in flight");
@@ -251,6 +280,31 @@ impl Scheduler {
         r.seq = Some(seq);
         r.computed = hit;
         true
+    }
+
+    /// With the elastic window on, trims running sequences from the back of `order` to
+    /// their sinks plus the newest W tokens until `short` blocks are free. Returns blocks
+    /// freed.
+    fn trim_to_window(
+        &mut self,
+        order: &[RequestId],
+        short: usize,
+        kv: &mut impl KvBlocks,
+    ) -> usize {
+        let Some(w) = self.config.window else {
+            return 0;
+        };
+        let window = w.tokens(self.running()).min(self.config.max_seq_len);
+        let before = kv.free_blocks();
+        for id in order.iter().rev() {
+            if let Some(seq) = self.requests[id].seq {
+                kv.trim_window(seq, w.sink_blocks, window);
+                if kv.free_blocks() - before >= short {
+                    break;
+                }
+            }
+        }
+        kv.free_blocks() - before
     }
 
     /// Frees `id`'s blocks; it will start again from what the prefix cache still holds

@@ -35,8 +35,9 @@ impl FakeModel {
         self.fed.retain(|seq, _| pool.len(*seq).is_ok());
         let mut done = Vec::new();
         for s in &plan.batch {
-            pool.reserve(s.seq, s.tokens.len())
-                .expect("the plan fits the pool");
+            pool.reserve(s.seq, s.tokens.len()).unwrap_or_else(|e| {
+                panic!("the plan fits the pool: {e} {plan:?} {:?}", pool.stats())
+            });
             pool.advance(s.seq, s.tokens.len()).unwrap();
             let fed = self.fed.entry(s.seq).or_default();
             fed.extend_from_slice(&s.tokens);
@@ -58,6 +59,7 @@ fn config(tokens: usize, seqs: usize) -> SchedulerConfig {
         max_batch_tokens: tokens,
         max_batch: seqs,
         max_seq_len: 4096,
+        window: None,
     }
 }
 
@@ -262,4 +264,70 @@ fn no_starvation_over_ten_thousand_steps_with_mixed_qos() {
     eprintln!(
         "seed: {done} batch requests finished, worst wait {worst} steps, oldest unfinished {stuck}"
     );
+}
+
+#[test]
+fn an_elastic_window_trims_instead_of_preempting() {
+    // The workload that preempts above, with sequences trimmed to a sink block and their
+    // newest 32 tokens when blocks run out.
+    let run = |window: Option<super::ElasticWindow>| {
+        let mut pool = pool(12);
+        let config = SchedulerConfig {
+            window,
+            ..config(256, 8)
+        };
+        let mut sched = Scheduler::new(config, PolicyKind::QosAging);
+        let mut want = HashMap::new();
+        for i in 0..6u32 {
+            let (p, n) = (prompt(i, 60 + 10 * i as usize), 70);
+            let id = sched.submit(p.clone(), n, (i % 2) as u8, &pool).unwrap();
+            want.insert(id, alone(&p, n));
+        }
+        let got = run_all(&mut sched, &mut pool, |_| {}, 10_000);
+        // The fake model remembers every token it was fed, so trimming leaves its
+        // outputs alone: equal outputs mean every token was fed exactly once.
+        assert_eq!(got, want);
+        assert_eq!(pool.stats().blocks_used, 0, "every block is back");
+        (sched.preemptions, pool.stats())
+    };
+    let (preempted, full) = run(None);
+    assert!(preempted > 0);
+    assert_eq!(full.window_trims, 0);
+    let window = super::ElasticWindow {
+        a: 0.0,
+        b: 32.0,
+        ..Default::default()
+    };
+    let (preempted, trimmed) = run(Some(window));
+    assert_eq!(preempted, 0, "trimming made room");
+    assert!(trimmed.window_trims > 0);
+    assert_eq!(
+        trimmed.window_dropped_tokens % 32,
+        0,
+        "whole blocks are dropped"
+    );
+}
+
+#[test]
+fn a_lone_prefill_larger_than_the_fp32_tier_runs_in_parts() {
+    // 4 FP32 blocks (128 tokens) for a 200-token prompt: older blocks age into FP16
+    // between the parts. Planned whole, it would wait forever.
+    let policy = TierPolicy {
+        recent: Some(32),
+        int8_after: None,
+    };
+    let mut pool = BlockPool::new(KvCapacity { slots: [4, 16, 0] }, policy);
+    let mut sched = Scheduler::new(config(256, 4), PolicyKind::Fcfs);
+    let p = prompt(3, 200);
+    let id = sched.submit(p.clone(), 20, 0, &pool).unwrap();
+    let mut sizes = Vec::new();
+    let got = run_all(
+        &mut sched,
+        &mut pool,
+        |plan| sizes.extend(plan.batch.iter().map(|s| s.tokens.len())),
+        1_000,
+    );
+    assert_eq!(got[&id], alone(&p, 20));
+    assert_eq!(sizes[..2], [128, 72]);
+    assert_eq!(sched.preemptions, 0);
 }

@@ -14,9 +14,10 @@ use anyhow::{Context, Result};
 use clap::Args;
 use fornax_backends::{run_on, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
+use fornax_engine::kv::KvStats;
 use fornax_engine::model::LlamaModel;
 use fornax_engine::sampling::SamplingParams;
-use fornax_engine::sched::{PolicyKind, RequestId};
+use fornax_engine::sched::{PolicyKind, RequestId, SchedulerConfig};
 use fornax_engine::{Engine, EngineBackend, Event, Request};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -54,7 +55,7 @@ pub struct LoadArgs {
 
 /// One request of the workload.
 #[derive(Debug, Clone)]
-struct Job {
+pub(super) struct Job {
     arrival: f64,
     prompt: Vec<u32>,
     max_tokens: usize,
@@ -63,7 +64,7 @@ struct Job {
 
 /// How requests are admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(super) enum Mode {
     /// One request at a time, in arrival order.
     Single,
     /// Batches gathered for the window, run to completion before the next is admitted.
@@ -84,16 +85,27 @@ impl Mode {
 
 /// Figures of one run.
 #[derive(Debug, Default)]
-struct Figures {
-    generated: usize,
-    makespan: f64,
-    busy: f64,
-    ttft: Vec<f64>,
+pub(super) struct Figures {
+    pub generated: usize,
+    pub makespan: f64,
+    pub busy: f64,
+    pub ttft: Vec<f64>,
     /// Time to first token per QoS class.
-    ttft_by_qos: [Vec<f64>; 4],
-    e2e: Vec<f64>,
-    failed: usize,
-    preemptions: u64,
+    pub ttft_by_qos: [Vec<f64>; 4],
+    pub e2e: Vec<f64>,
+    pub failed: usize,
+    pub preemptions: u64,
+    /// Tokens run through the model (recomputation after preemption included).
+    pub computed: u64,
+    /// The pool's figures at the end (elastic-window trims among them).
+    pub kv: KvStats,
+}
+
+impl Figures {
+    /// Generated tokens per minute.
+    pub fn tokens_per_min(&self) -> f64 {
+        self.generated as f64 / self.makespan * 60.0
+    }
 }
 
 /// The `p` quantile (0..1) of `v`; NaN when empty.
@@ -106,14 +118,14 @@ pub(super) fn percentile(v: &[f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
-struct LoadBench<'a> {
-    args: &'a LoadArgs,
-    gguf: &'a GgufFile<'a>,
+pub(super) struct LoadBench<'a> {
+    pub args: &'a LoadArgs,
+    pub gguf: &'a GgufFile<'a>,
 }
 
 impl LoadBench<'_> {
     /// The workload with arrival times for `rate` requests per second.
-    fn jobs(&self, text: &[u32], rate: f64) -> Vec<Job> {
+    pub(super) fn jobs(&self, text: &[u32], rate: f64) -> Vec<Job> {
         let a = self.args;
         let mut rng = StdRng::seed_from_u64(a.seed);
         let mut t = 0.0;
@@ -134,16 +146,35 @@ impl LoadBench<'_> {
             .collect()
     }
 
+    /// The workload arriving all at once.
+    pub(super) fn burst(&self, text: &[u32]) -> Vec<Job> {
+        self.jobs(text, 1.0)
+            .into_iter()
+            .map(|j| Job { arrival: 0.0, ..j })
+            .collect()
+    }
+
     /// Serves `jobs` in `mode` on a fresh engine.
-    fn serve<B: EngineBackend>(
+    pub(super) fn serve<B: EngineBackend>(
         &self,
         model: &LlamaModel<B>,
         jobs: &[Job],
         mode: Mode,
         policy: PolicyKind,
-    ) -> Figures {
+    ) -> Result<Figures> {
+        self.serve_with(model, jobs, mode, policy, self.args.sched.config())
+    }
+
+    /// [`Self::serve`] with scheduler settings `config`.
+    pub(super) fn serve_with<B: EngineBackend>(
+        &self,
+        model: &LlamaModel<B>,
+        jobs: &[Job],
+        mode: Mode,
+        policy: PolicyKind,
+        mut config: SchedulerConfig,
+    ) -> Result<Figures> {
         let a = self.args;
-        let mut config = a.sched.config();
         if mode == Mode::Single {
             config.max_batch = 1;
         }
@@ -151,7 +182,7 @@ impl LoadBench<'_> {
             Mode::Continuous => policy,
             _ => PolicyKind::Fcfs,
         };
-        let capacity = a.kv.capacity(model.kv_dims(), config.max_batch, 256);
+        let capacity = a.kv.capacity(model.kv_dims(), config.max_batch, 256)?;
         let kv = model.new_paged_cache(capacity, a.kv.policy());
         let mut engine = Engine::new(model, kv, config, policy);
         if !a.sched.no_prefix_cache {
@@ -245,7 +276,9 @@ impl LoadBench<'_> {
         }
         f.makespan = now - start;
         f.preemptions = engine.sched.preemptions;
-        f
+        f.computed = engine.tokens_computed;
+        f.kv = engine.kv_stats();
+        Ok(f)
     }
 }
 
@@ -267,12 +300,8 @@ impl BackendTask for LoadBench<'_> {
         anyhow::ensure!(text.len() > a.prompt_tokens[1], "the text is too short");
 
         // Capacity: the whole workload at once through continuous batching.
-        let burst: Vec<Job> = self
-            .jobs(&text, 1.0)
-            .into_iter()
-            .map(|j| Job { arrival: 0.0, ..j })
-            .collect();
-        let cap = self.serve(&model, &burst, Mode::Continuous, a.sched.policy);
+        let burst = self.burst(&text);
+        let cap = self.serve(&model, &burst, Mode::Continuous, a.sched.policy)?;
         let capacity = burst.len() as f64 / cap.makespan;
         let rate = a.load * capacity;
         let jobs = self.jobs(&text, rate);
@@ -296,11 +325,11 @@ impl BackendTask for LoadBench<'_> {
         println!("|---|---|---|---|---|---|---|---|---|");
         let mut rows = Vec::new();
         for mode in [Mode::Single, Mode::Static, Mode::Continuous] {
-            let f = self.serve(&model, &jobs, mode, a.sched.policy);
+            let f = self.serve(&model, &jobs, mode, a.sched.policy)?;
             println!(
                 "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0}% | {} | {} |",
                 mode.name(),
-                f.generated as f64 / f.makespan * 60.0,
+                f.tokens_per_min(),
                 percentile(&f.ttft, 0.5),
                 percentile(&f.ttft, 0.99),
                 percentile(&f.e2e, 0.5),
@@ -322,12 +351,12 @@ impl BackendTask for LoadBench<'_> {
         println!("| continuous, policy | tokens/min | TTFT P99 s, QoS 0 | QoS 1 | QoS 2 | QoS 3 | end-to-end P99 s |");
         println!("|---|---|---|---|---|---|---|");
         for policy in [PolicyKind::QosAging, PolicyKind::Fcfs, PolicyKind::Seed] {
-            let f = self.serve(&model, &jobs, Mode::Continuous, policy);
+            let f = self.serve(&model, &jobs, Mode::Continuous, policy)?;
             let q = |c: usize| percentile(&f.ttft_by_qos[c], 0.99);
             println!(
                 "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
                 policy.name(),
-                f.generated as f64 / f.makespan * 60.0,
+                f.tokens_per_min(),
                 q(0),
                 q(1),
                 q(2),

@@ -4,6 +4,7 @@ mod kv;
 mod load;
 mod prefix;
 mod single;
+mod window;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -18,6 +19,8 @@ pub enum BenchCommand {
     Load(load::LoadArgs),
     /// Shared prompt prefixes (chat): the prefix cache off and on at several batch sizes.
     Prefix(prefix::PrefixArgs),
+    /// The elastic KV window off and on: perplexity at W(B), and a burst under KV pressure.
+    Window(window::WindowBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -26,6 +29,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Kv(args) => kv::run(args),
         BenchCommand::Load(args) => load::run(args),
         BenchCommand::Prefix(args) => prefix::run(args),
+        BenchCommand::Window(args) => window::run(args),
     }
 }
 

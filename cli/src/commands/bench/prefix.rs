@@ -105,7 +105,7 @@ impl PrefixBench<'_> {
         let a = self.args;
         let mut config = a.sched.config();
         config.max_batch = batch;
-        let capacity = a.kv.capacity(model.kv_dims(), batch, 256);
+        let capacity = a.kv.capacity(model.kv_dims(), batch, 256)?;
         let kv = model.new_paged_cache(capacity, a.kv.policy());
         let mut engine = Engine::new(model, kv, config, PolicyKind::Fcfs);
         if cache {
