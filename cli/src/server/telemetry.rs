@@ -52,6 +52,12 @@ pub const PREFIX_EVICTIONS: &str = "fornax_prefix_evictions_total";
 pub const KV_SHARED: &str = "fornax_kv_blocks_shared";
 /// Cached KV blocks no sequence uses (evictable, counted as free).
 pub const KV_CACHED: &str = "fornax_kv_blocks_cached";
+/// Sequences trimmed by the elastic KV window.
+pub const WINDOW_TRIMS: &str = "fornax_kv_window_trims_total";
+/// Tokens whose KV the elastic window dropped.
+pub const WINDOW_DROPPED: &str = "fornax_kv_window_dropped_tokens_total";
+/// Indexed prefix blocks that aged into FP16 and left the index.
+pub const PREFIX_AGED_OUT: &str = "fornax_prefix_aged_out_total";
 /// Engine steps since start.
 pub const STEPS: &str = "fornax_engine_steps_total";
 
@@ -116,6 +122,15 @@ pub fn install_metrics() -> Result<PrometheusHandle> {
     describe_counter!(PREFIX_EVICTIONS, "Cached KV blocks evicted to make room");
     describe_gauge!(KV_SHARED, "KV blocks read by more than one sequence");
     describe_gauge!(KV_CACHED, "Cached KV blocks no sequence uses (evictable)");
+    describe_counter!(
+        PREFIX_AGED_OUT,
+        "Indexed KV blocks that aged into FP16 and left the prefix cache"
+    );
+    describe_counter!(
+        WINDOW_TRIMS,
+        "Sequences trimmed to the elastic KV window instead of preempting"
+    );
+    describe_counter!(WINDOW_DROPPED, "Tokens whose KV the elastic window dropped");
     Ok(handle)
 }
 
@@ -135,9 +150,12 @@ pub fn record_engine<B: EngineBackend>(engine: &Engine<'_, B>, stepped: bool) {
         counter!(PREFIX_LOOKUP_TOKENS).absolute(p.lookup_tokens);
         counter!(PREFIX_HIT_TOKENS).absolute(p.hit_tokens);
         counter!(PREFIX_EVICTIONS).absolute(p.evictions);
+        counter!(PREFIX_AGED_OUT).absolute(p.aged_out);
         gauge!(PREFIX_HIT_RATE).set(p.hit_rate());
     }
     counter!(PREEMPTIONS).absolute(engine.sched.preemptions);
+    counter!(WINDOW_TRIMS).absolute(kv.window_trims);
+    counter!(WINDOW_DROPPED).absolute(kv.window_dropped_tokens);
     counter!(STEPS).absolute(engine.steps);
     if stepped {
         let (seqs, tokens) = engine.last_batch;

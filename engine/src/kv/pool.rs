@@ -55,6 +55,10 @@ pub struct Move {
     pub to: (Tier, u32),
 }
 
+/// What trimming a sequence to a window gave back: slots freed (to clear on the device)
+/// and conversions now possible (to copy on the device).
+pub type Trimmed = (Vec<(Tier, u32)>, Vec<Move>);
+
 /// Host-side bookkeeping of the KV pool; the device arenas mirror its slots.
 #[derive(Debug)]
 pub struct BlockPool {
@@ -410,7 +414,9 @@ impl BlockPool {
             };
             // Its contents change: it leaves the prefix index.
             if let Some(p) = self.prefix.as_mut() {
-                p.remove(bid);
+                if p.remove(bid) {
+                    p.stats.aged_out += 1;
+                }
             }
             let slot = self.free_slots[tier.index()].pop().expect("checked");
             self.free_slots[from.0.index()].push(from.1);
@@ -435,7 +441,7 @@ impl BlockPool {
         id: SeqId,
         sink_blocks: usize,
         window: usize,
-    ) -> Result<(Vec<(Tier, u32)>, Vec<Move>), KvError> {
+    ) -> Result<Trimmed, KvError> {
         let seq = self.seqs.get_mut(&id).ok_or(KvError::UnknownSequence(id))?;
         let stored = seq.stored();
         // The first block still holding one of the newest `window` tokens.

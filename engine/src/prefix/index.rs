@@ -75,6 +75,8 @@ pub struct PrefixStats {
     pub inserted: u64,
     /// Cached blocks evicted to make room.
     pub evictions: u64,
+    /// Indexed blocks that left the index when they aged into a lower tier.
+    pub aged_out: u64,
     /// Keys that matched but failed verification (hash collisions).
     pub collisions: u64,
 }

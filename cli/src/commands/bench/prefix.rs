@@ -65,6 +65,9 @@ struct Figures {
     /// Blocks in use (referenced), sampled after every step.
     blocks: Vec<usize>,
     hit_rate: Option<f64>,
+    /// Cached blocks evicted, and indexed blocks that aged into FP16 (both lost to reuse).
+    evicted: u64,
+    aged_out: u64,
     prompt_tokens: usize,
     computed: u64,
     preemptions: u64,
@@ -195,11 +198,13 @@ impl PrefixBench<'_> {
         f.makespan = now;
         f.computed = engine.tokens_computed - warm_computed;
         f.preemptions = engine.sched.preemptions;
-        f.hit_rate = engine.kv.pool.prefix_stats().map(|s| {
+        if let Some(s) = engine.kv.pool.prefix_stats() {
             let hits = s.hit_tokens - warm_stats.hit_tokens;
             let looked = s.lookup_tokens - warm_stats.lookup_tokens;
-            hits as f64 / looked.max(1) as f64
-        });
+            f.hit_rate = Some(hits as f64 / looked.max(1) as f64);
+            f.evicted = s.evictions - warm_stats.evictions;
+            f.aged_out = s.aged_out - warm_stats.aged_out;
+        }
         Ok(f)
     }
 }
@@ -232,8 +237,8 @@ impl BackendTask for PrefixBench<'_> {
             "workload: per batch size B, B conversations over {} system prompts of {} tokens, {} turns of {} user tokens and {} reply tokens; KV pool {} MiB",
             a.system_prompts, a.system_tokens, a.turns, a.user_tokens, a.output_tokens, a.kv.kv_memory
         );
-        println!("| batch | prefix cache | TTFT P50 s | TTFT P99 s | tokens/min | KV blocks in use, mean / peak | hit rate | tokens computed, of all fed | preemptions |");
-        println!("|---|---|---|---|---|---|---|---|---|");
+        println!("| batch | prefix cache | TTFT P50 s | TTFT P99 s | tokens/min | KV blocks in use, mean / peak | hit rate | cached blocks evicted / aged into FP16 | tokens computed, of all fed | preemptions |");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         for &batch in &a.batch_sizes {
             let mut rows = Vec::new();
             for cache in [false, true] {
@@ -241,12 +246,14 @@ impl BackendTask for PrefixBench<'_> {
                 let mean = f.blocks.iter().sum::<usize>() as f64 / f.blocks.len().max(1) as f64;
                 let peak = f.blocks.iter().copied().max().unwrap_or(0);
                 println!(
-                    "| {batch} | {} | {:.2} | {:.2} | {:.0} | {mean:.0} / {peak} | {} | {} of {} | {} |",
+                    "| {batch} | {} | {:.2} | {:.2} | {:.0} | {mean:.0} / {peak} | {} | {} / {} | {} of {} | {} |",
                     if cache { "on" } else { "off" },
                     percentile(&f.ttft, 0.5),
                     percentile(&f.ttft, 0.99),
                     f.generated as f64 / f.makespan * 60.0,
                     f.hit_rate.map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
+                    f.evicted,
+                    f.aged_out,
                     f.computed,
                     f.prompt_tokens + f.generated,
                     f.preemptions
@@ -256,7 +263,7 @@ impl BackendTask for PrefixBench<'_> {
             let (off, on) = (&rows[0], &rows[1]);
             let tpm = |f: &Figures| f.generated as f64 / f.makespan;
             println!(
-                "| {batch} | on vs off | {:.2}x lower | {:.2}x lower | {:.2}x | {:.0}% / {:.0}% fewer | | | |",
+                "| {batch} | on vs off | {:.2}x lower | {:.2}x lower | {:.2}x | {:.0}% / {:.0}% fewer | | | | |",
                 percentile(&off.0.ttft, 0.5) / percentile(&on.0.ttft, 0.5),
                 percentile(&off.0.ttft, 0.99) / percentile(&on.0.ttft, 0.99),
                 tpm(&on.0) / tpm(&off.0),
