@@ -53,8 +53,12 @@ impl KvArgs {
         let recent = self.kv_recent.0.unwrap_or(0);
         let needed = recent.div_ceil(BLOCK_TOKENS) + 1;
         if cap.slots[0] < needed {
+            let what = match recent {
+                0 => "one block".to_string(),
+                r => format!("the newest {r} tokens, kept in FP32, plus one block"),
+            };
             bail!(
-                "--kv-memory {} MiB leaves {} FP32 blocks; at least {needed} are needed (the newest {recent} tokens kept in FP32 plus one block): raise --kv-memory or lower --kv-recent",
+                "KV cache too small: --kv-memory {} MiB leaves {} FP32 blocks and at least {needed} are needed ({what}): raise --kv-memory or lower --kv-recent",
                 self.kv_memory,
                 cap.slots[0]
             );
