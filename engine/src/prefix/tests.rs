@@ -164,3 +164,27 @@ fn the_partly_filled_last_block_of_a_finished_sequence_is_reused() {
     );
     assert_eq!(copies[0].1, 8, "the copy keeps its 8 tokens");
 }
+
+#[test]
+fn blocks_that_age_into_fp16_leave_the_index_and_a_trimmed_sequence_adds_none() {
+    let mut p = BlockPool::new(KvCapacity { slots: [16, 16, 0] }, TierPolicy::DEFAULT);
+    p.enable_prefix_cache(PrefixIndex::new(7));
+    // 96 tokens: three full FP32 blocks indexed.
+    let (a, _) = run(&mut p, &tokens(0, 96));
+    assert_eq!(p.prefix_stats().unwrap().inserted, 3);
+    // 96 more: the first two blocks are now older than the newest 128 tokens.
+    p.reserve(a, 96).unwrap();
+    p.advance(a, 96).unwrap();
+    assert_eq!(p.prefix_stats().unwrap().aged_out, 2);
+    // Their prefix is gone, so nothing after it can be reached either.
+    let (c, hit) = p.add_sequence_with_prefix(&tokens(0, 192));
+    assert_eq!(hit, 0);
+    p.abandon_sequence(c).unwrap();
+    // A fresh sequence trimmed to a window adds nothing more to the index.
+    let (b, _) = run(&mut p, &tokens(1000, 32));
+    p.reserve(b, 160).unwrap();
+    p.advance(b, 160).unwrap();
+    p.trim_window(b, 1, 64).unwrap();
+    p.index_prefix(b, &tokens(1000, 192), true);
+    assert_eq!(p.prefix_stats().unwrap().inserted, 4);
+}

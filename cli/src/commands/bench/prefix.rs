@@ -48,6 +48,9 @@ pub struct PrefixArgs {
     /// Text the prompts are cut from.
     #[arg(long, default_value = "tests/reference/ppl_text.txt")]
     pub text: std::path::PathBuf,
+    /// Serve only with the prefix cache on (its hit rate and evictions, no comparison).
+    #[arg(long)]
+    pub cache_on_only: bool,
     #[command(flatten)]
     pub sched: SchedArgs,
     #[command(flatten)]
@@ -241,7 +244,12 @@ impl BackendTask for PrefixBench<'_> {
         println!("|---|---|---|---|---|---|---|---|---|---|");
         for &batch in &a.batch_sizes {
             let mut rows = Vec::new();
-            for cache in [false, true] {
+            let modes: &[bool] = if a.cache_on_only {
+                &[true]
+            } else {
+                &[false, true]
+            };
+            for &cache in modes {
                 let f = self.serve(&model, user_text, &systems, batch, cache)?;
                 let mean = f.blocks.iter().sum::<usize>() as f64 / f.blocks.len().max(1) as f64;
                 let peak = f.blocks.iter().copied().max().unwrap_or(0);
@@ -260,7 +268,7 @@ impl BackendTask for PrefixBench<'_> {
                 );
                 rows.push((f, mean, peak));
             }
-            let (off, on) = (&rows[0], &rows[1]);
+            let [off, on] = &rows[..] else { continue };
             let tpm = |f: &Figures| f.generated as f64 / f.makespan;
             println!(
                 "| {batch} | on vs off | {:.2}x lower | {:.2}x lower | {:.2}x | {:.0}% / {:.0}% fewer | | | | |",
