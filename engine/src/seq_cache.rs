@@ -56,11 +56,12 @@ impl<'a, B: Backend> PagedSeq<'a, B> {
         }
     }
 
-    /// A sequence that, before each forward pass, keeps only its first `sink_blocks`
-    /// blocks and the blocks holding its newest `window` tokens.
-    pub fn windowed(kv: &'a mut PagedKv<B>, sink_blocks: usize, window: usize) -> Self {
+    /// A sequence that, with `window` = `(sink_blocks, tokens)`, keeps before each forward
+    /// pass only its first `sink_blocks` blocks and the blocks holding its newest `tokens`
+    /// (with `None`, everything).
+    pub fn with_window(kv: &'a mut PagedKv<B>, window: Option<(usize, usize)>) -> Self {
         let mut seq = Self::new(kv);
-        seq.window = Some((sink_blocks, window));
+        seq.window = window;
         seq
     }
 }

@@ -423,10 +423,7 @@ impl BackendTask for Window {
         let ids = &text.ids[..512];
         let score = |window: Option<usize>| {
             let mut kv = model.new_paged_cache(KvCapacity { slots: [17; 3] }, TierPolicy::DEFAULT);
-            let mut seq = match window {
-                Some(w) => PagedSeq::windowed(&mut kv, 1, w),
-                None => PagedSeq::new(&mut kv),
-            };
+            let mut seq = PagedSeq::with_window(&mut kv, window.map(|w| (1, w)));
             perplexity(&token_logprobs_in(&model, &mut seq, ids, 32).unwrap())
         };
         let full = score(None);

@@ -161,11 +161,16 @@ fn chunked_prefill_runs_beside_decodes() {
     );
 }
 
-#[test]
-fn preempted_requests_resume_with_the_same_output() {
-    // 12 blocks of 32 tokens for 6 requests that each grow to 4-5 blocks.
+/// 12 blocks of 32 tokens for 6 requests that each grow to 4-5 blocks, with `window`:
+/// checks that every output equals the request alone and every block comes back, and
+/// returns the preemptions and the pool's final figures.
+fn serve_in_twelve_blocks(window: Option<super::ElasticWindow>) -> (u64, crate::kv::KvStats) {
     let mut pool = pool(12);
-    let mut sched = Scheduler::new(config(256, 8), PolicyKind::QosAging);
+    let config = SchedulerConfig {
+        window,
+        ..config(256, 8)
+    };
+    let mut sched = Scheduler::new(config, PolicyKind::QosAging);
     let mut want = HashMap::new();
     for i in 0..6u32 {
         let (p, n) = (prompt(i, 60 + 10 * i as usize), 70);
@@ -173,12 +178,20 @@ fn preempted_requests_resume_with_the_same_output() {
         want.insert(id, alone(&p, n));
     }
     let got = run_all(&mut sched, &mut pool, |_| {}, 10_000);
+    // The fake model remembers every token it was fed, so trimming leaves its outputs
+    // alone: equal outputs mean every token was fed exactly once.
+    assert_eq!(got, want);
+    assert_eq!(pool.stats().blocks_used, 0, "every block is back");
+    (sched.preemptions, pool.stats())
+}
+
+#[test]
+fn preempted_requests_resume_with_the_same_output() {
+    let (preemptions, _) = serve_in_twelve_blocks(None);
     assert!(
-        sched.preemptions > 0,
+        preemptions > 0,
         "the pool was too small to avoid preemption"
     );
-    assert_eq!(got, want);
-    assert_eq!(pool.stats().blocks_used, 0);
 }
 
 #[test]
@@ -270,27 +283,7 @@ fn no_starvation_over_ten_thousand_steps_with_mixed_qos() {
 fn an_elastic_window_trims_instead_of_preempting() {
     // The workload that preempts above, with sequences trimmed to a sink block and their
     // newest 32 tokens when blocks run out.
-    let run = |window: Option<super::ElasticWindow>| {
-        let mut pool = pool(12);
-        let config = SchedulerConfig {
-            window,
-            ..config(256, 8)
-        };
-        let mut sched = Scheduler::new(config, PolicyKind::QosAging);
-        let mut want = HashMap::new();
-        for i in 0..6u32 {
-            let (p, n) = (prompt(i, 60 + 10 * i as usize), 70);
-            let id = sched.submit(p.clone(), n, (i % 2) as u8, &pool).unwrap();
-            want.insert(id, alone(&p, n));
-        }
-        let got = run_all(&mut sched, &mut pool, |_| {}, 10_000);
-        // The fake model remembers every token it was fed, so trimming leaves its
-        // outputs alone: equal outputs mean every token was fed exactly once.
-        assert_eq!(got, want);
-        assert_eq!(pool.stats().blocks_used, 0, "every block is back");
-        (sched.preemptions, pool.stats())
-    };
-    let (preempted, full) = run(None);
+    let (preempted, full) = serve_in_twelve_blocks(None);
     assert!(preempted > 0);
     assert_eq!(full.window_trims, 0);
     let window = super::ElasticWindow {
@@ -298,7 +291,7 @@ fn an_elastic_window_trims_instead_of_preempting() {
         b: 32.0,
         ..Default::default()
     };
-    let (preempted, trimmed) = run(Some(window));
+    let (preempted, trimmed) = serve_in_twelve_blocks(Some(window));
     assert_eq!(preempted, 0, "trimming made room");
     assert!(trimmed.window_trims > 0);
     assert_eq!(

@@ -50,10 +50,7 @@ impl WindowBench<'_> {
         let n = ids.len().div_ceil(32) + 1;
         let capacity = KvCapacity { slots: [n; 3] };
         let mut kv = model.new_paged_cache(capacity, self.args.load.kv.policy());
-        let mut seq = match window {
-            Some((sink, w)) => PagedSeq::windowed(&mut kv, sink, w),
-            None => PagedSeq::new(&mut kv),
-        };
+        let mut seq = PagedSeq::with_window(&mut kv, window);
         Ok(perplexity(&token_logprobs_in(model, &mut seq, ids, 32)?))
     }
 }
