@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints (including the CUDA build, compiled without the
 # CUDA toolkit), then every test on the real model on the CPU backend and on wgpu
-# (lavapipe where there is no GPU). Fetches the model when it is missing.
+# (lavapipe where there is no GPU), and the browser demo end to end in headless Chromium.
+# Fetches the model and installs what the demo needs when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -25,6 +26,9 @@ fi
 
 step "tests"
 cargo test --release --workspace
+
+step "web demo: wasm32 build, then the same greedy tokens in headless Chromium"
+scripts/web-demo.sh test
 
 step "clippy, with the CUDA backend compiled in"
 # cudarc cannot ask nvcc for the version here; pin the CUDA 12.8 API.

@@ -1,7 +1,7 @@
 //! The generation loop for one sequence: chunked prefill, then one token per step.
 
 use crate::EngineBackend;
-use burn::tensor::{backend::Backend, Tensor};
+use burn::tensor::{backend::Backend, Tensor, TensorData};
 
 use crate::model::{LlamaModel, Logits, ModelError};
 use crate::sampling::{Sampler, SamplingParams};
@@ -32,20 +32,31 @@ impl Default for GenerateParams {
 
 /// Reads a `[1, vocab]` or `[rows, vocab]` logits tensor back to the host.
 pub fn logits_to_vec<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
-    logits
-        .into_data()
-        .convert::<f32>()
-        .into_vec::<f32>()
-        .expect("f32 logits")
+    floats(logits.into_data())
 }
 
-/// Runs the prompt through the model in chunks and returns the last position's logits.
-pub fn prefill<B: EngineBackend>(
+/// [`logits_to_vec`] without blocking the thread: the way to read logits in a browser,
+/// where WebGPU maps buffers only asynchronously.
+pub async fn logits_to_vec_async<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<f32>, ModelError> {
+    let data = logits
+        .into_data_async()
+        .await
+        .map_err(|e| ModelError::Readback(format!("{e:?}")))?;
+    Ok(floats(data))
+}
+
+fn floats(data: TensorData) -> Vec<f32> {
+    data.convert::<f32>().into_vec::<f32>().expect("f32 logits")
+}
+
+/// Runs the prompt through the model in chunks and returns the last position's logits,
+/// still on the device.
+fn prefill_logits<B: EngineBackend>(
     model: &LlamaModel<B>,
     prompt: &[u32],
     cache: &mut impl SeqCache<B>,
     chunk: usize,
-) -> Result<Vec<f32>, ModelError> {
+) -> Result<Tensor<B, 2>, ModelError> {
     if prompt.is_empty() {
         return Err(ModelError::EmptyInput);
     }
@@ -60,7 +71,83 @@ pub fn prefill<B: EngineBackend>(
     for part in prompt.chunks(chunk.max(1)) {
         last = Some(cache.forward(model, part, Logits::Last)?);
     }
-    Ok(logits_to_vec(last.expect("non-empty prompt")))
+    Ok(last.expect("non-empty prompt"))
+}
+
+/// Runs the prompt through the model in chunks and returns the last position's logits.
+pub fn prefill<B: EngineBackend>(
+    model: &LlamaModel<B>,
+    prompt: &[u32],
+    cache: &mut impl SeqCache<B>,
+    chunk: usize,
+) -> Result<Vec<f32>, ModelError> {
+    prefill_logits(model, prompt, cache, chunk).map(logits_to_vec)
+}
+
+/// One sequence's generation as steps, for callers that read the logits back themselves
+/// (asynchronously in a browser): [`Generation::start`] runs the prompt, then
+/// [`Generation::sample`] picks a token from the logits read back and
+/// [`Generation::advance`] runs it, until [`Generation::finished`].
+pub struct Generation<'m, B: EngineBackend, C: SeqCache<B>> {
+    model: &'m LlamaModel<B>,
+    cache: C,
+    params: GenerateParams,
+    sampler: Sampler,
+    tokens: Vec<u32>,
+}
+
+impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
+    /// Prefills `prompt` into `cache`; returns the generation and the prompt's last logits.
+    pub fn start(
+        model: &'m LlamaModel<B>,
+        mut cache: C,
+        prompt: &[u32],
+        params: GenerateParams,
+    ) -> Result<(Self, Tensor<B, 2>), ModelError> {
+        let logits = prefill_logits(model, prompt, &mut cache, params.prefill_chunk)?;
+        let generation = Self {
+            model,
+            cache,
+            sampler: Sampler::new(params.sampling.clone()),
+            tokens: Vec::with_capacity(params.max_tokens),
+            params,
+        };
+        Ok((generation, logits))
+    }
+
+    /// Picks the next token from the logits of the last pass and records it.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let token = self.sampler.sample(logits);
+        self.tokens.push(token);
+        token
+    }
+
+    /// Whether generation ends here: `max_tokens` reached, a stop token sampled, or the
+    /// context full.
+    pub fn finished(&self) -> bool {
+        self.tokens.len() >= self.params.max_tokens
+            || self
+                .tokens
+                .last()
+                .is_some_and(|t| self.params.stop_ids.contains(t))
+            || self.cache.cached() + 1 > self.model.config.max_seq_len
+    }
+
+    /// Runs the last sampled token through the model and returns its logits.
+    pub fn advance(&mut self) -> Result<Tensor<B, 2>, ModelError> {
+        let last = *self.tokens.last().ok_or(ModelError::EmptyInput)?;
+        self.cache.forward(self.model, &[last], Logits::Last)
+    }
+
+    /// The tokens generated so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The tokens generated.
+    pub fn into_tokens(self) -> Vec<u32> {
+        self.tokens
+    }
 }
 
 /// Generates up to `params.max_tokens` tokens after `prompt` over a fresh contiguous
@@ -83,19 +170,16 @@ pub fn generate_in<B: EngineBackend>(
     params: &GenerateParams,
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<Vec<u32>, ModelError> {
-    let mut sampler = Sampler::new(params.sampling.clone());
-    let mut logits = prefill(model, prompt, cache, params.prefill_chunk)?;
-    let mut out = Vec::with_capacity(params.max_tokens);
-    while out.len() < params.max_tokens {
-        let token = sampler.sample(&logits);
-        out.push(token);
-        if !on_token(token) || params.stop_ids.contains(&token) || out.len() == params.max_tokens {
-            break;
-        }
-        if cache.cached() + 1 > model.config.max_seq_len {
-            break;
-        }
-        logits = logits_to_vec(cache.forward(model, &[token], Logits::Last)?);
+    if params.max_tokens == 0 {
+        prefill_logits(model, prompt, cache, params.prefill_chunk)?;
+        return Ok(Vec::new());
     }
-    Ok(out)
+    let (mut generation, mut logits) = Generation::start(model, cache, prompt, params.clone())?;
+    loop {
+        let token = generation.sample(&logits_to_vec(logits));
+        if !on_token(token) || generation.finished() {
+            return Ok(generation.into_tokens());
+        }
+        logits = generation.advance()?;
+    }
 }

@@ -13,7 +13,9 @@ pub mod sched;
 pub mod tokenizer;
 
 mod generate;
-pub use generate::{generate, generate_in, logits_to_vec, prefill, GenerateParams};
+pub use generate::{
+    generate, generate_in, logits_to_vec, logits_to_vec_async, prefill, GenerateParams, Generation,
+};
 pub mod score;
 pub mod seq_cache;
 

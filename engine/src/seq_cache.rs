@@ -20,6 +20,21 @@ pub trait SeqCache<B: EngineBackend> {
     ) -> Result<Tensor<B, 2>, ModelError>;
 }
 
+impl<B: EngineBackend, C: SeqCache<B> + ?Sized> SeqCache<B> for &mut C {
+    fn cached(&self) -> usize {
+        (**self).cached()
+    }
+
+    fn forward(
+        &mut self,
+        model: &LlamaModel<B>,
+        tokens: &[u32],
+        logits: Logits,
+    ) -> Result<Tensor<B, 2>, ModelError> {
+        (**self).forward(model, tokens, logits)
+    }
+}
+
 impl<B: EngineBackend> SeqCache<B> for KvCache<B> {
     fn cached(&self) -> usize {
         self.len()

@@ -5,7 +5,9 @@ use burn_cubecl::{
 };
 use cubecl::prelude::*;
 
-use crate::paged_attention::{paged_decode, paged_prefill, TierArenasLaunch, BLOCK_TOKENS};
+use crate::paged_attention::{
+    paged_decode, paged_prefill, F32Rows, F32RowsLaunch, TierArenas, TierArenasLaunch, BLOCK_TOKENS,
+};
 
 /// The K or V arenas of one layer as device tensors (see [`crate::paged_attention`]).
 pub struct ArenaTensors<R: CubeRuntime> {
@@ -15,6 +17,10 @@ pub struct ArenaTensors<R: CubeRuntime> {
     pub i8_rows: CubeTensor<R>,
     pub i8_scales: CubeTensor<R>,
 }
+
+/// Storage buffers the kernels bind besides the K and V arenas: queries, tables, the row
+/// or tile description, the output and CubeCL's metadata.
+const OTHER_BUFFERS: u32 = 6;
 
 impl<R: CubeRuntime> ArenaTensors<R> {
     fn into_arg(self) -> TierArenasLaunch<R> {
@@ -27,6 +33,27 @@ impl<R: CubeRuntime> ArenaTensors<R> {
             arg(self.i8_scales),
         )
     }
+}
+
+/// Whether the kernels can read K and V of every tier on this device: they bind 16
+/// storage buffers, more than browsers allow (10 in Chromium); the FP32-only kernels
+/// ([`KvArenas::F32`]) bind 8.
+pub fn tiers_fit<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
+    // `max_bindings` is the device's limit less one that wgpu may use itself.
+    client.properties().hardware.max_bindings >= 2 * 5 + OTHER_BUFFERS - 1
+}
+
+/// The K and V a kernel reads: every tier, or only the FP32 arenas when every block of
+/// the batch is FP32.
+pub enum KvArenas<R: CubeRuntime> {
+    Tiers {
+        keys: ArenaTensors<R>,
+        values: ArenaTensors<R>,
+    },
+    F32 {
+        keys: CubeTensor<R>,
+        values: CubeTensor<R>,
+    },
 }
 
 /// Shape of one attention call: heads, head size and the table width.
@@ -60,11 +87,9 @@ fn output_like<R: CubeRuntime>(q: &CubeTensor<R>) -> CubeTensor<R> {
 
 /// Decode attention for `q` `[rows, n_heads * head_dim]`: row `r` belongs to sequence
 /// `row_seq[r]` and sits at position `row_pos[r]`, attending to keys `0..=row_pos[r]`.
-#[allow(clippy::too_many_arguments)]
 pub fn decode<R: CubeRuntime>(
     q: CubeTensor<R>,
-    keys: ArenaTensors<R>,
-    values: ArenaTensors<R>,
+    kv: KvArenas<R>,
     tables: CubeTensor<R>,
     row_seq: CubeTensor<R>,
     row_pos: CubeTensor<R>,
@@ -73,61 +98,118 @@ pub fn decode<R: CubeRuntime>(
     let q = into_contiguous(q);
     let rows = q.meta.shape()[0];
     let out = output_like(&q);
-    paged_decode::launch::<R>(
-        &q.client.clone(),
-        CubeCount::Static(rows as u32, shape.n_kv_heads as u32, 1),
-        CubeDim::new_1d(BLOCK_TOKENS as u32),
-        q.into_array_arg(),
-        keys.into_arg(),
-        values.into_arg(),
+    let client = q.client.clone();
+    let count = CubeCount::Static(rows as u32, shape.n_kv_heads as u32, 1);
+    let dim = CubeDim::new_1d(BLOCK_TOKENS as u32);
+    let (tables, row_seq, row_pos) = (
         into_contiguous(tables).into_array_arg(),
         into_contiguous(row_seq).into_array_arg(),
         into_contiguous(row_pos).into_array_arg(),
-        out.clone().into_array_arg(),
+    );
+    let (max_blocks, n_kv, scale) = (
         shape.max_blocks as u32,
         shape.n_kv_heads as u32,
         shape.scale(),
-        shape.head_dim,
-        shape.group(),
     );
+    let (q_arg, out_arg) = (q.into_array_arg(), out.clone().into_array_arg());
+    match kv {
+        KvArenas::Tiers { keys, values } => paged_decode::launch::<TierArenas, R>(
+            &client,
+            count,
+            dim,
+            q_arg,
+            keys.into_arg(),
+            values.into_arg(),
+            tables,
+            row_seq,
+            row_pos,
+            out_arg,
+            max_blocks,
+            n_kv,
+            scale,
+            shape.head_dim,
+            shape.group(),
+        ),
+        KvArenas::F32 { keys, values } => paged_decode::launch::<F32Rows, R>(
+            &client,
+            count,
+            dim,
+            q_arg,
+            F32RowsLaunch::new(into_contiguous(keys).into_array_arg()),
+            F32RowsLaunch::new(into_contiguous(values).into_array_arg()),
+            tables,
+            row_seq,
+            row_pos,
+            out_arg,
+            max_blocks,
+            n_kv,
+            scale,
+            shape.head_dim,
+            shape.group(),
+        ),
+    }
     out
 }
 
 /// Causal prefill attention for `q` `[rows, n_heads * head_dim]` split into query tiles:
-/// tile `t` covers rows `tile_row[t]..tile_row[t] + tile_len[t]` (at most 32) of sequence
-/// `tile_seq[t]`, the first at position `tile_pos[t]`.
-#[allow(clippy::too_many_arguments)]
+/// `tiles` holds `[sequence, first row, first position, rows]` for each tile (at most 32
+/// rows of one sequence).
 pub fn prefill<R: CubeRuntime>(
     q: CubeTensor<R>,
-    keys: ArenaTensors<R>,
-    values: ArenaTensors<R>,
+    kv: KvArenas<R>,
     tables: CubeTensor<R>,
-    tiles: [CubeTensor<R>; 4],
+    tiles: CubeTensor<R>,
     shape: AttentionShape,
 ) -> CubeTensor<R> {
     let q = into_contiguous(q);
-    let n_tiles = tiles[0].meta.shape()[0];
+    let n_tiles = tiles.meta.shape()[0] / 4;
     let out = output_like(&q);
-    let [tile_seq, tile_row, tile_pos, tile_len] =
-        tiles.map(|t| into_contiguous(t).into_array_arg());
-    paged_prefill::launch::<R>(
-        &q.client.clone(),
-        CubeCount::Static(n_tiles as u32, shape.n_heads as u32, 1),
-        CubeDim::new_1d(BLOCK_TOKENS as u32),
-        q.into_array_arg(),
-        keys.into_arg(),
-        values.into_arg(),
+    let client = q.client.clone();
+    let count = CubeCount::Static(n_tiles as u32, shape.n_heads as u32, 1);
+    let dim = CubeDim::new_1d(BLOCK_TOKENS as u32);
+    let (tables, tiles) = (
         into_contiguous(tables).into_array_arg(),
-        tile_seq,
-        tile_row,
-        tile_pos,
-        tile_len,
-        out.clone().into_array_arg(),
+        into_contiguous(tiles).into_array_arg(),
+    );
+    let (max_blocks, n_kv, scale) = (
         shape.max_blocks as u32,
         shape.n_kv_heads as u32,
         shape.scale(),
-        shape.head_dim,
-        shape.group(),
     );
+    let (q_arg, out_arg) = (q.into_array_arg(), out.clone().into_array_arg());
+    match kv {
+        KvArenas::Tiers { keys, values } => paged_prefill::launch::<TierArenas, R>(
+            &client,
+            count,
+            dim,
+            q_arg,
+            keys.into_arg(),
+            values.into_arg(),
+            tables,
+            tiles,
+            out_arg,
+            max_blocks,
+            n_kv,
+            scale,
+            shape.head_dim,
+            shape.group(),
+        ),
+        KvArenas::F32 { keys, values } => paged_prefill::launch::<F32Rows, R>(
+            &client,
+            count,
+            dim,
+            q_arg,
+            F32RowsLaunch::new(into_contiguous(keys).into_array_arg()),
+            F32RowsLaunch::new(into_contiguous(values).into_array_arg()),
+            tables,
+            tiles,
+            out_arg,
+            max_blocks,
+            n_kv,
+            scale,
+            shape.head_dim,
+            shape.group(),
+        ),
+    }
     out
 }

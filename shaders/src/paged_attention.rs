@@ -68,55 +68,116 @@ pub fn half_to_f32(h: u32) -> f32 {
     }
 }
 
-/// Loads token row `row` of kv head `head` from the arena of `tier` into `tile[dst..dst + hd]`,
-/// or zeros when `valid` is false (rows past the sequence may hold anything).
+/// Where a kernel reads K or V rows from: all tiers ([`TierArenas`]) or, for batches held
+/// entirely in FP32, the FP32 arena alone ([`F32Rows`]), which binds 8 fewer buffers
+/// per kernel. WebGPU allows 10 storage buffers per kernel in Chromium (8 guaranteed);
+/// the tiered kernels bind 16.
 #[cube]
-#[allow(clippy::too_many_arguments)]
-fn load_row(
-    arenas: &TierArenas,
-    tier: u32,
-    slot: usize,
-    row: usize,
-    head: usize,
-    n_kv: usize,
-    valid: bool,
-    tile: &mut SharedMemory<f32>,
-    dst: usize,
-    #[comptime] hd: usize,
-) {
-    if !valid {
-        #[unroll]
-        for d in 0..hd {
-            tile[dst + d] = 0.0;
-        }
-    } else if tier == 0 {
-        let base = row * n_kv * hd + head * hd;
-        #[unroll]
-        for d in 0..hd {
-            tile[dst + d] = arenas.f32_rows[base + d];
-        }
-    } else if tier == 1 {
-        let words = comptime!(hd / 2);
-        let base = row * n_kv * words + head * words;
-        let scale = arenas.f16_scales[slot * n_kv + head];
-        #[unroll]
-        for w in 0..words {
-            let word = arenas.f16_rows[base + w];
-            tile[dst + 2 * w] = half_to_f32(word & 65535) * scale;
-            tile[dst + 2 * w + 1] = half_to_f32(word >> 16) * scale;
-        }
-    } else {
-        let words = comptime!(hd / 4);
-        let base = row * n_kv * words + head * words;
-        let scale = arenas.i8_scales[slot * n_kv + head];
-        #[unroll]
-        for w in 0..words {
-            let word = arenas.i8_rows[base + w];
+pub trait KvRows {
+    /// Loads token row `row` of kv head `head` from the arena of `tier` into
+    /// `tile[dst..dst + hd]`, or zeros when `valid` is false (rows past the sequence may
+    /// hold anything).
+    #[allow(clippy::too_many_arguments)]
+    fn load_row(
+        &self,
+        tier: u32,
+        slot: usize,
+        row: usize,
+        head: usize,
+        n_kv: usize,
+        valid: bool,
+        tile: &mut SharedMemory<f32>,
+        dst: usize,
+        #[comptime] hd: usize,
+    );
+}
+
+#[cube]
+impl KvRows for TierArenas {
+    #[allow(clippy::too_many_arguments)]
+    fn load_row(
+        &self,
+        tier: u32,
+        slot: usize,
+        row: usize,
+        head: usize,
+        n_kv: usize,
+        valid: bool,
+        tile: &mut SharedMemory<f32>,
+        dst: usize,
+        #[comptime] hd: usize,
+    ) {
+        if !valid {
             #[unroll]
-            for b in 0..4u32 {
-                let byte = (word >> (8 * b)) & 255;
-                let signed = f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7);
-                tile[dst + 4 * w + b as usize] = signed * scale;
+            for d in 0..hd {
+                tile[dst + d] = 0.0;
+            }
+        } else if tier == 0 {
+            let base = row * n_kv * hd + head * hd;
+            #[unroll]
+            for d in 0..hd {
+                tile[dst + d] = self.f32_rows[base + d];
+            }
+        } else if tier == 1 {
+            let words = comptime!(hd / 2);
+            let base = row * n_kv * words + head * words;
+            let scale = self.f16_scales[slot * n_kv + head];
+            #[unroll]
+            for w in 0..words {
+                let word = self.f16_rows[base + w];
+                tile[dst + 2 * w] = half_to_f32(word & 65535) * scale;
+                tile[dst + 2 * w + 1] = half_to_f32(word >> 16) * scale;
+            }
+        } else {
+            let words = comptime!(hd / 4);
+            let base = row * n_kv * words + head * words;
+            let scale = self.i8_scales[slot * n_kv + head];
+            #[unroll]
+            for w in 0..words {
+                let word = self.i8_rows[base + w];
+                #[unroll]
+                for b in 0..4u32 {
+                    let byte = (word >> (8 * b)) & 255;
+                    let signed = f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7);
+                    tile[dst + 4 * w + b as usize] = signed * scale;
+                }
+            }
+        }
+    }
+}
+
+/// The FP32 arena of K or V alone.
+#[derive(CubeLaunch, CubeType)]
+pub struct F32Rows {
+    /// FP32 rows, `head_dim` floats per head.
+    pub rows: Array<f32>,
+}
+
+#[cube]
+impl KvRows for F32Rows {
+    #[allow(clippy::too_many_arguments)]
+    fn load_row(
+        &self,
+        _tier: u32,
+        _slot: usize,
+        row: usize,
+        head: usize,
+        n_kv: usize,
+        valid: bool,
+        tile: &mut SharedMemory<f32>,
+        dst: usize,
+        #[comptime] hd: usize,
+    ) {
+        if !valid {
+            #[unroll]
+            for d in 0..hd {
+                tile[dst + d] = 0.0;
+            }
+        } else {
+            let base = row * n_kv * hd + head * hd;
+            #[unroll]
+            for d in 0..hd {
+                tile[dst + d] = self.rows[base + d];
             }
         }
     }
@@ -129,10 +190,10 @@ fn load_row(
 /// `u, u + 32, ..` of the output.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn paged_decode(
+pub fn paged_decode<K: KvRows + LaunchArg>(
     q: &Array<f32>,
-    keys: &TierArenas,
-    values: &TierArenas,
+    keys: &K,
+    values: &K,
     tables: &Array<u32>,
     row_seq: &Array<u32>,
     row_pos: &Array<u32>,
@@ -186,8 +247,7 @@ pub fn paged_decode(
         let valid = token < n_keys;
         let arena_row = slot * BLOCK_TOKENS + unit;
 
-        load_row(
-            keys,
+        keys.load_row(
             tier,
             slot,
             arena_row,
@@ -212,8 +272,7 @@ pub fn paged_decode(
             probs[h * BLOCK_TOKENS + unit] = score;
         }
         sync_cube();
-        load_row(
-            values,
+        values.load_row(
             tier,
             slot,
             arena_row,
@@ -272,20 +331,18 @@ pub fn paged_decode(
 
 /// Prefill attention: causal, up to 32 consecutive query tokens of one sequence per cube.
 ///
-/// Cube `(query tile, query head)`, 32 units; unit `u` is query row `tile_row[t] + u`
-/// (at position `tile_pos[t] + u`) and keeps its running softmax and output in registers.
+/// `tiles` holds four words per query tile `t`: sequence, first row, first key row
+/// (position) and rows. Cube `(query tile, query head)`, 32 units; unit `u` is query row
+/// `first row + u` and keeps its running softmax and output in registers.
 /// The key tiles are read once per query tile and head.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn paged_prefill(
+pub fn paged_prefill<K: KvRows + LaunchArg>(
     q: &Array<f32>,
-    keys: &TierArenas,
-    values: &TierArenas,
+    keys: &K,
+    values: &K,
     tables: &Array<u32>,
-    tile_seq: &Array<u32>,
-    tile_row: &Array<u32>,
-    tile_pos: &Array<u32>,
-    tile_len: &Array<u32>,
+    tiles: &Array<u32>,
     out: &mut Array<f32>,
     max_blocks: u32,
     n_kv: u32,
@@ -299,13 +356,14 @@ pub fn paged_prefill(
     let unit = UNIT_POS_X as usize;
     let n_kv = n_kv as usize;
     let n_heads = n_kv * group;
-    let seq = tile_seq[qt] as usize;
-    let rows = tile_len[qt] as usize;
+    let seq = tiles[qt * 4] as usize;
+    let rows = tiles[qt * 4 + 3] as usize;
     let active = unit < rows;
-    let my_pos = tile_pos[qt] as usize + unit;
+    let first_pos = tiles[qt * 4 + 2] as usize;
+    let my_pos = first_pos + unit;
     // Keys every row of the tile may need: up to the last row's position.
-    let n_keys = tile_pos[qt] as usize + rows;
-    let row = tile_row[qt] as usize + unit;
+    let n_keys = first_pos + rows;
+    let row = tiles[qt * 4 + 1] as usize + unit;
     let q_base = row * n_heads * hd + q_head * hd;
 
     let mut tile = SharedMemory::<f32>::new(BLOCK_TOKENS * hd);
@@ -332,8 +390,7 @@ pub fn paged_prefill(
         let valid = token < n_keys;
         let arena_row = slot * BLOCK_TOKENS + unit;
 
-        load_row(
-            keys,
+        keys.load_row(
             tier,
             slot,
             arena_row,
@@ -360,8 +417,7 @@ pub fn paged_prefill(
             tile_max = f32::max(tile_max, score);
         }
         sync_cube();
-        load_row(
-            values,
+        values.load_row(
             tier,
             slot,
             arena_row,

@@ -56,3 +56,31 @@ fn dequantized_values_match_reference() {
         );
     }
 }
+
+/// What the browser demo checks against the adapter's binding limit before loading: the
+/// largest weight buffer is the token embedding, 113 MB in FP32 (over the 128 MiB
+/// WebGPU default with room to spare only just), 18 MB kept in Q4_1 blocks.
+#[test]
+fn largest_weight_follows_what_the_backend_keeps_quantized() {
+    use fornax_backends::{CpuBackend, WgpuBackend};
+    use fornax_engine::model::{LlamaModel, LoadOptions};
+
+    let file = GgufFile::parse(model_file().bytes()).unwrap();
+    let embd = file.tensor("token_embd.weight").unwrap();
+    let fp32 = 4 * 49152 * 576;
+
+    // The CPU backend has no quantized kernels: everything is FP32.
+    let cpu = LlamaModel::<CpuBackend>::largest_weight(&file, LoadOptions::default()).unwrap();
+    assert_eq!(cpu, ("token_embd.weight".to_string(), fp32));
+
+    // wgpu keeps Q4_1 blocks: the embedding takes its file size, 20 bytes per 32 values.
+    let quant = LoadOptions::default();
+    let wgpu = LlamaModel::<WgpuBackend>::largest_weight(&file, quant).unwrap();
+    assert_eq!(wgpu, ("token_embd.weight".to_string(), embd.size));
+    assert_eq!(embd.size, 49152 * 576 / 32 * 20);
+
+    // --dequantize on wgpu is FP32 again.
+    let dequantize = LoadOptions { dequantize: true };
+    let wgpu_f32 = LlamaModel::<WgpuBackend>::largest_weight(&file, dequantize).unwrap();
+    assert_eq!(wgpu_f32.1, fp32);
+}

@@ -186,8 +186,27 @@ impl BackendTask for KernelCheck {
         if self.force_prefill {
             batch.decode_only = false;
         }
+        // FP32-only batches may bind only the FP32 arenas (8 buffers, within WebGPU's limits).
+        let only_f32 = tiers[Tier::F16.index()] == 0 && tiers[Tier::I8.index()] == 0;
+        assert_eq!(batch.all_f32, only_f32, "{tiers:?}");
         let (kernel, reference) = both(&kv, &mut batch, q.clone());
         let diff = max_diff(&kernel, &reference);
+        if batch.all_f32 {
+            // The kernels binding only the FP32 arenas (as in a browser): identical sums.
+            batch.f32_bindings = true;
+            let f32_only = host(&B::paged_attention(
+                q.clone(),
+                kv.store.layer(0),
+                &batch,
+                SHAPE,
+            ));
+            batch.f32_bindings = false;
+            assert_eq!(
+                max_diff(&kernel, &f32_only),
+                0.0,
+                "FP32-only vs tiered bindings"
+            );
+        }
 
         let (qh, kh, vh) = (host(&q), host(&k), host(&v));
         let width = N_KV * GROUP * HD;

@@ -3,7 +3,7 @@
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
-use super::{store::ids, BLOCK_TOKENS};
+use super::{store::ids, BLOCK_TOKENS, TIER_SHIFT};
 
 /// One sequence's part of a batch.
 #[derive(Debug, Clone)]
@@ -45,8 +45,14 @@ pub struct PagedBatch<B: Backend> {
     pub max_blocks: usize,
     /// Sequence index of each row (decode kernel).
     pub row_seq: Tensor<B, 1, Int>,
-    /// Query tiles of at most 32 rows: sequence, first row, first key row, rows.
-    pub tiles: [Tensor<B, 1, Int>; 4],
+    /// Query tiles of at most 32 rows, four words each: sequence, first row, first key
+    /// row, rows.
+    pub tiles: Tensor<B, 1, Int>,
+    /// Whether every block of the batch is FP32, so the kernels may bind only the FP32
+    /// arenas: they do where the device cannot bind every tier (browsers), or always with
+    /// `f32_bindings`.
+    pub all_f32: bool,
+    pub f32_bindings: bool,
     /// Whether every sequence has exactly one new row.
     pub decode_only: bool,
 }
@@ -59,23 +65,29 @@ impl<B: Backend> PagedBatch<B> {
         let mut positions = Vec::new();
         let mut key_rows = Vec::new();
         let mut row_seq = Vec::new();
-        let mut tiles: [Vec<u32>; 4] = Default::default();
+        let mut tiles: Vec<u32> = Vec::new();
         for (i, s) in seqs.iter().enumerate() {
             tables[i * max_blocks..i * max_blocks + s.table.len()].copy_from_slice(&s.table);
             positions.extend((s.position..s.position + s.rows).map(|p| p as u32));
             key_rows.extend((s.start..s.total()).map(|p| p as u32));
             row_seq.extend(std::iter::repeat_n(i as u32, s.rows));
             for first in (0..s.rows).step_by(BLOCK_TOKENS) {
-                tiles[0].push(i as u32);
-                tiles[1].push((s.row_start + first) as u32);
-                tiles[2].push((s.start + first) as u32);
-                tiles[3].push((s.rows - first).min(BLOCK_TOKENS) as u32);
+                tiles.extend([
+                    i as u32,
+                    (s.row_start + first) as u32,
+                    (s.start + first) as u32,
+                    (s.rows - first).min(BLOCK_TOKENS) as u32,
+                ]);
             }
         }
         let v: Vec<i64> = tables.iter().map(|&x| i64::from(x)).collect();
         let tables = Tensor::from_data(TensorData::new(v, [seqs.len(), max_blocks]), device);
         Self {
             decode_only: seqs.iter().all(|s| s.rows == 1),
+            all_f32: seqs
+                .iter()
+                .all(|s| s.table.iter().all(|&e| e >> TIER_SHIFT == 0)),
+            f32_bindings: false,
             kernels,
             write_rows: ids(write_rows, device),
             positions: ids(&positions, device),
@@ -83,7 +95,7 @@ impl<B: Backend> PagedBatch<B> {
             tables,
             max_blocks,
             row_seq: ids(&row_seq, device),
-            tiles: tiles.map(|t| ids(&t, device)),
+            tiles: ids(&tiles, device),
             seqs,
         }
     }

@@ -4,7 +4,7 @@
 use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
 use burn::tensor::{backend::Backend, ops::FloatElem, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use fornax_shaders::launch::{self, ArenaTensors};
+use fornax_shaders::launch::{self, ArenaTensors, KvArenas};
 
 use super::{reference, AttentionShape, LayerKv, PagedBatch, TierArena};
 
@@ -53,26 +53,37 @@ where
             ..shape
         };
         let q = q.into_primitive().tensor();
-        let int = |t: &Tensor<Self, 1, burn::tensor::Int>| t.clone().into_primitive();
+        // Where every tier fits, one kernel per shape serves all batches (each variant
+        // costs a shader compile, minutes on lavapipe).
+        let tiers_fit = launch::tiers_fit(&q.client);
+        let kv = match (batch.all_f32, tiers_fit && !batch.f32_bindings) {
+            (true, false) => KvArenas::F32 {
+                keys: kv.keys.f32_rows.get().clone().into_primitive().tensor(),
+                values: kv.values.f32_rows.get().clone().into_primitive().tensor(),
+            },
+            (_, true) => KvArenas::Tiers {
+                keys: arenas(&kv.keys),
+                values: arenas(&kv.values),
+            },
+            // FP16 or INT8 blocks on a device that cannot bind every tier (a browser).
+            (false, false) => {
+                let q = Tensor::from_primitive(TensorPrimitive::Float(q));
+                return reference::paged_attention(q, kv, batch, shape);
+            }
+        };
+        let tables = batch.tables.clone().into_primitive();
         let out = if batch.decode_only {
+            let int = |t: &Tensor<Self, 1, burn::tensor::Int>| t.clone().into_primitive();
             launch::decode(
                 q,
-                arenas(&kv.keys),
-                arenas(&kv.values),
-                batch.tables.clone().into_primitive(),
+                kv,
+                tables,
                 int(&batch.row_seq),
                 int(&batch.key_rows),
                 shape,
             )
         } else {
-            launch::prefill(
-                q,
-                arenas(&kv.keys),
-                arenas(&kv.values),
-                batch.tables.clone().into_primitive(),
-                batch.tiles.each_ref().map(int),
-                shape,
-            )
+            launch::prefill(q, kv, tables, batch.tiles.clone().into_primitive(), shape)
         };
         Tensor::from_primitive(TensorPrimitive::Float(out))
     }

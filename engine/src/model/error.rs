@@ -19,6 +19,8 @@ pub enum ModelError {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("empty input: at least one token is needed")]
     EmptyInput,
+    #[error("reading results back from the device failed: {0}")]
+    Readback(String),
     #[error(transparent)]
     Kv(#[from] crate::kv::KvError),
 }

@@ -7,7 +7,7 @@ use super::{
     Attention, Block, Linear, Llama, LlamaConfig, LlamaModel, Mlp, ModelError, RmsNorm, Rope,
 };
 use crate::gguf::{GgufError, GgufFile};
-use crate::quant::{PackedMatrix, QuantMatrix, QuantOps};
+use crate::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};
 
 /// How the weights are loaded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -103,6 +103,21 @@ impl<B: QuantOps> LlamaModel<B> {
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
         Self::from_gguf_with(file, device, LoadOptions::default(), progress)
+    }
+
+    /// The largest weight tensor the model would hold on the device, as its name and
+    /// bytes: block-quantized matrices take their file size where `B` keeps them
+    /// quantized, everything else 4 bytes a value. Devices cap a single buffer (WebGPU's
+    /// storage binding), so this tells before loading whether the weights can fit.
+    pub fn largest_weight(file: &GgufFile<'_>, options: LoadOptions) -> Option<(String, u64)> {
+        let quantized = !options.dequantize && B::has_quant_kernels();
+        file.tensors
+            .iter()
+            .map(|t| match quantized && format_code(t.ggml_type).is_some() {
+                true => (t.name.clone(), t.size),
+                false => (t.name.clone(), 4 * t.elements()),
+            })
+            .max_by_key(|(_, bytes)| *bytes)
     }
 
     /// [`Self::from_gguf`] with options.

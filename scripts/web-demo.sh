@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The browser demo (web-demo/). Installs what it needs when missing: Debian's rustc-web
+# (builds std for wasm32), wasm-bindgen-cli, Chromium and playwright-core.
+#
+#   scripts/web-demo.sh build   # wasm + JS glue + page into target/web-demo/site
+#   scripts/web-demo.sh serve   # build, then serve it with the default model on http://127.0.0.1:8080
+#   scripts/web-demo.sh test    # build, then the end-to-end test in headless Chromium
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+
+WASM_BINDGEN_VERSION=0.2.130 # = the wasm-bindgen pinned in web-demo/Cargo.toml
+PLAYWRIGHT_VERSION=1.65.1
+FORNAX_HOME="${FORNAX_HOME:-$HOME/.cache/fornax}"
+SITE=target/web-demo/site
+# Its own target dir: another compiler, and std is rebuilt in every fresh one.
+WASM_TARGET="${FORNAX_WASM_TARGET:-$PWD/target/wasm}"
+NODE_DIR="$FORNAX_HOME/node"
+
+step() { echo "== web-demo: $* ($(date +%T))" >&2; }
+
+apt_install() {
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    echo "web-demo: installing $*" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+toolchain() {
+    # rustup has no wasm32 std here: Debian's rustc-web builds it from its own sources.
+    local missing=()
+    [ -x /usr/bin/rustc ] && /usr/bin/rustc --version | grep -q '^rustc 1\.9[6-9]' || missing+=(rustc-web cargo-web)
+    [ -d /usr/lib/rustlib/src/rust/library ] || missing+=(rust-web-src)
+    dpkg -s rust-web-llvm >/dev/null 2>&1 || missing+=(rust-web-llvm)
+    command -v ld.lld-22 >/dev/null || missing+=(lld-22) # rust-lld links to it
+    [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+    if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $WASM_BINDGEN_VERSION" ]; then
+        step "install wasm-bindgen-cli $WASM_BINDGEN_VERSION"
+        # Not --locked: one of its locked dependencies is gone from the index.
+        cargo install -q wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
+    fi
+}
+
+build() {
+    toolchain
+    step "build fornax-web for wasm32"
+    # rustup's proxies would pick the pinned toolchain: call Debian's explicitly.
+    RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$WASM_TARGET" \
+        RUSTFLAGS="${WASM_RUSTFLAGS:-}" \
+        /usr/bin/cargo build --release --locked -Zbuild-std=std,panic_abort \
+        --target wasm32-unknown-unknown -p fornax-web
+    step "JS glue and the page"
+    rm -rf "$SITE"
+    mkdir -p "$SITE"
+    wasm-bindgen --target web --remove-name-section --remove-producers-section \
+        --out-dir "$SITE/pkg" "$WASM_TARGET/wasm32-unknown-unknown/release/fornax_web.wasm"
+    cp web-demo/www/* "$SITE/"
+    echo "web-demo: $SITE ($(du -h "$SITE/pkg/fornax_web_bg.wasm" | cut -f1) of wasm)" >&2
+}
+
+# The site with the default model beside it, so the page can load it by URL.
+with_model() {
+    cargo run --release -q -p fornax -- fetch
+    mkdir -p "$SITE/models"
+    ln -sf "$FORNAX_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$SITE/models/"
+}
+
+browser() {
+    command -v chromium >/dev/null || apt_install chromium
+    if [ ! -f "$NODE_DIR/node_modules/playwright-core/package.json" ] ||
+        ! grep -q "\"version\": \"$PLAYWRIGHT_VERSION\"" "$NODE_DIR/node_modules/playwright-core/package.json"; then
+        command -v npm >/dev/null || apt_install nodejs npm
+        mkdir -p "$NODE_DIR"
+        npm install -s --prefix "$NODE_DIR" --no-audit --no-fund "playwright-core@$PLAYWRIGHT_VERSION"
+    fi
+}
+
+case "${1:-}" in
+build) build ;;
+serve)
+    build
+    with_model
+    node web-demo/serve.mjs "$SITE" "${PORT:-8080}"
+    ;;
+test)
+    build
+    with_model
+    browser
+    step "native greedy tokens"
+    prompt="The capital of France is"
+    native=$(cargo run --release -q -p fornax -- generate "$prompt" --max-tokens 8 --json --backend wgpu)
+    echo "native: $native" >&2
+    step "headless Chromium"
+    out="${FORNAX_TEST_OUT:-target/test-output/web-demo}"
+    mkdir -p "$out"
+    NODE_PATH="$NODE_DIR/node_modules" node web-demo/tests/e2e.mjs \
+        --site "$SITE" --model models/SmolLM2-135M-Instruct.Q4_1.gguf --prompt "$prompt" \
+        --expect "$(echo "$native" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["generated_ids"]))')" \
+        --out "$out"
+    ;;
+*)
+    echo "usage: scripts/web-demo.sh build|serve|test" >&2
+    exit 2
+    ;;
+esac

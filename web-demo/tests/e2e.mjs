@@ -1,0 +1,133 @@
+// End-to-end test of the browser demo: serves the built site on 127.0.0.1, drives
+// headless Chromium (WebGPU on its software adapter) through playwright-core, loads the
+// real model by URL, generates greedily and checks the token ids against the native
+// engine's; then checks that Stop ends a long generation early. Run by
+// `scripts/web-demo.sh test`, which passes the native ids.
+//
+//   node web-demo/tests/e2e.mjs --site DIR --model URL --prompt TEXT --expect "[ids]" --out DIR
+import { createRequire } from "node:module";
+import { parseArgs } from "node:util";
+import path from "node:path";
+import { serve } from "../serve.mjs";
+
+// playwright-core lives in the test's node cache (NODE_PATH), not in the repository.
+const { chromium } = createRequire(import.meta.url)("playwright-core");
+
+const { values: args } = parseArgs({
+  options: {
+    site: { type: "string" },
+    model: { type: "string" },
+    prompt: { type: "string" },
+    expect: { type: "string" },
+    out: { type: "string" },
+    chromium: { type: "string", default: "/usr/bin/chromium" },
+  },
+});
+const expected = JSON.parse(args.expect);
+const CHECKED = 8;
+if (expected.length < CHECKED) throw new Error(`need ${CHECKED} native ids, got ${expected.length}`);
+
+const log = (...a) => console.error("e2e:", ...a);
+const failures = [];
+const check = (ok, what) => {
+  log(`${ok ? "ok" : "FAIL"}: ${what}`);
+  if (!ok) failures.push(what);
+};
+
+const server = await serve(args.site);
+const origin = `http://127.0.0.1:${server.address().port}`;
+const browser = await chromium.launch({
+  executablePath: args.chromium,
+  headless: true,
+  args: [
+    "--enable-unsafe-webgpu",
+    "--no-sandbox",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+  ],
+});
+
+// Waits until the page reaches one of `states` (or "error", which fails the test).
+async function until(page, states, timeout) {
+  const handle = await page.waitForFunction(
+    (wanted) => [...wanted, "error"].includes(document.body.dataset.state) && document.body.dataset.state,
+    states,
+    { timeout, polling: 250 },
+  );
+  const state = await handle.jsonValue();
+  if (state === "error") throw new Error(`page: ${await page.textContent("#load-status")}`);
+}
+
+try {
+  const page = await browser.newPage({ viewport: { width: 1000, height: 900 } });
+  page.on("console", (m) => log(`console.${m.type()}: ${m.text()}`));
+  page.on("worker", (w) => w.on("console", (m) => log(`worker console.${m.type()}: ${m.text()}`)));
+  page.on("pageerror", (e) => log(`page error: ${e.message}`));
+  await page.goto(`${origin}/`);
+
+  // The self-check of burn's operations and our kernels on this adapter.
+  await page.click("#check");
+  await page.waitForFunction(() => document.body.dataset.check, null, { timeout: 10 * 60_000, polling: 250 });
+  log(`kernel check:\n${await page.textContent("#check-report")}`);
+  check((await page.evaluate(() => document.body.dataset.check)) === "passed", "the kernel check passes on this adapter");
+
+  await page.fill("#model-url", args.model);
+  const t0 = Date.now();
+  await page.click("#load");
+  await until(page, ["ready"], 15 * 60_000);
+  log(`loaded in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+  const adapter = await page.textContent("#adapter");
+  log(`adapter: ${adapter}`);
+  log(`model: ${await page.textContent("#model")}`);
+  check(/storage bindings up to \d+ MiB/.test(adapter), "the page shows the WebGPU adapter and its binding limit");
+
+  // Greedy tokens against the native engine's.
+  await page.fill("#prompt", args.prompt);
+  await page.fill("#max-tokens", String(CHECKED));
+  await page.fill("#temperature", "0");
+  await page.click("#generate");
+  await until(page, ["done"], 15 * 60_000);
+  const ids = JSON.parse(await page.textContent("#ids"));
+  const text = await page.textContent("#output");
+  log(`browser ids ${JSON.stringify(ids)}, text ${JSON.stringify(text)}`);
+  log(`native  ids ${JSON.stringify(expected.slice(0, CHECKED))}`);
+  log(`stats: ${await page.textContent("#stats")}`);
+  check(
+    JSON.stringify(ids.slice(0, CHECKED)) === JSON.stringify(expected.slice(0, CHECKED)),
+    `the first ${CHECKED} greedy token ids equal the native engine's`,
+  );
+  check(text.length > 0, "the generated text is shown");
+  const shot = path.join(args.out, "web-demo.png");
+  await page.screenshot({ path: shot, fullPage: true });
+  log(`screenshot: ${shot}`);
+
+  // Stop: a long generation (a count, which runs on without an end-of-turn token),
+  // stopped once a token has arrived, ends early.
+  const long = 256;
+  await page.fill("#prompt", "1, 2, 3, 4, 5,");
+  await page.fill("#max-tokens", String(long));
+  await page.click("#generate");
+  await page.waitForFunction(() => document.querySelector("#output").textContent.length > 0, null, {
+    timeout: 10 * 60_000,
+    polling: 100,
+  });
+  await page.click("#stop");
+  await until(page, ["done"], 10 * 60_000);
+  const stopped = JSON.parse(await page.textContent("#ids"));
+  const stats = await page.textContent("#stats");
+  log(`after Stop: ${stopped.length} tokens; ${stats}`);
+  check(stopped.length < long && stats.includes("stopped"), `Stop ends a ${long}-token generation early`);
+  await page.screenshot({ path: path.join(args.out, "web-demo-stopped.png"), fullPage: true });
+} finally {
+  await browser.close();
+  server.close();
+}
+
+if (failures.length) {
+  log(`${failures.length} failed`);
+  process.exit(1);
+}
+log("all passed");

@@ -1,0 +1,94 @@
+// The page: hands work to the worker (worker.js) and shows what comes back.
+const $ = (id) => document.getElementById(id);
+const worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
+
+function setState(state, message) {
+  document.body.dataset.state = state;
+  if (message !== undefined) $("load-status").textContent = message;
+  const busy = state === "loading" || state === "generating";
+  $("load").disabled = busy;
+  $("model-file").disabled = busy;
+  $("generate").disabled = busy || !document.body.dataset.model;
+  $("stop").disabled = state !== "generating";
+}
+
+setState("idle", navigator.gpu ? "WebGPU: available" : "WebGPU: not available in this browser");
+
+function load(source) {
+  setState("loading", "loading…");
+  $("progress").value = 0;
+  worker.postMessage({ type: "load", ...source });
+}
+
+$("load").onclick = () => load({ url: $("model-url").value });
+$("model-file").onchange = (e) => {
+  const file = e.target.files[0];
+  if (file) load({ file });
+};
+
+let started = 0;
+$("generate").onclick = () => {
+  $("output").textContent = "";
+  $("ids").textContent = "[]";
+  $("stats").textContent = "";
+  started = performance.now();
+  setState("generating");
+  worker.postMessage({
+    type: "generate",
+    prompt: $("prompt").value,
+    chat: $("chat").checked,
+    maxTokens: Number($("max-tokens").value),
+    temperature: Number($("temperature").value),
+    seed: 7,
+  });
+};
+$("stop").onclick = () => worker.postMessage({ type: "stop" });
+$("check").onclick = () => {
+  $("check").disabled = true;
+  $("check-report").hidden = false;
+  $("check-report").textContent = "checking…";
+  worker.postMessage({ type: "check" });
+};
+
+const rate = (tokens, ms) => (ms > 0 ? ((tokens * 1000) / ms).toFixed(2) : "–");
+
+worker.onmessage = ({ data: m }) => {
+  switch (m.type) {
+    case "adapter":
+      $("adapter").textContent = m.adapter;
+      break;
+    case "progress":
+      $("progress").value = m.total ? m.done / m.total : 0;
+      $("load-status").textContent = `${m.phase}: ${m.label}`;
+      break;
+    case "loaded":
+      document.body.dataset.model = m.name;
+      $("model").textContent = `${m.name}: ${m.summary}`;
+      $("progress").value = 1;
+      setState("ready", `loaded in ${(m.ms / 1000).toFixed(1)} s`);
+      break;
+    case "token":
+      $("output").textContent += m.text;
+      $("stats").textContent = `${m.count} tokens, ${rate(m.count, m.ms)} tokens/s`;
+      break;
+    case "done": {
+      $("ids").textContent = JSON.stringify(m.ids);
+      const decode = m.ids.length > 1 ? `, decoding ${rate(m.ids.length - 1, m.ms - m.firstMs)} tokens/s` : "";
+      $("stats").textContent =
+        `${m.ids.length} tokens in ${(m.ms / 1000).toFixed(1)} s: ${rate(m.ids.length, m.ms)} tokens/s` +
+        ` (prompt ${m.promptTokens} tokens, first token after ${(m.firstMs / 1000).toFixed(1)} s${decode})` +
+        (m.stopped ? ", stopped" : "");
+      setState("done");
+      break;
+    }
+    case "check":
+      $("check").disabled = false;
+      $("check-report").textContent = m.report;
+      document.body.dataset.check = m.report.endsWith("failed") ? "failed" : "passed";
+      break;
+    case "error":
+      setState("error", `error: ${m.message}`);
+      break;
+  }
+};
+worker.onerror = (e) => setState("error", `worker error: ${e.message}`);
