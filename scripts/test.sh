@@ -12,6 +12,12 @@ step() { echo "== $* ($(date +%T))" >&2; }
 step "format"
 cargo fmt --all -- --check
 
+step "web demo: wasm32 build in the background (it fills the cores the native build leaves idle)"
+mkdir -p target
+web_log=target/web-demo-build.log
+nice -n 10 scripts/web-demo.sh build >"$web_log" 2>&1 &
+web_build=$!
+
 step "fetch the default model if missing"
 cargo run --release -q -p fornax -- fetch
 
@@ -27,7 +33,8 @@ fi
 step "tests"
 cargo test --release --workspace
 
-step "web demo: wasm32 build, then the same greedy tokens in headless Chromium"
+step "web demo: the same greedy tokens in headless Chromium"
+wait "$web_build" || { cat "$web_log" >&2; echo "web demo build failed" >&2; exit 1; }
 scripts/web-demo.sh test
 
 step "clippy, with the CUDA backend compiled in"
