@@ -45,6 +45,8 @@ pub fn tiers_fit<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
 
 /// The K and V a kernel reads: every tier, or only the FP32 arenas when every block of
 /// the batch is FP32.
+// Built once per launch and consumed by it: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum KvArenas<R: CubeRuntime> {
     Tiers {
         keys: ArenaTensors<R>,
