@@ -58,6 +58,24 @@ pub enum KvArenas<R: CubeRuntime> {
     },
 }
 
+/// Launches `$kernel` with the K/V binding `$kv` holds, between the arguments before
+/// and after K and V (the same for both bindings).
+macro_rules! launch_over {
+    ($kernel:ident, $kv:expr, ($($pre:expr),*), ($($post:expr),*)) => {
+        match $kv {
+            KvArenas::Tiers { keys, values } => $kernel::launch::<TierArenas, R>(
+                $($pre,)* keys.into_arg(), values.into_arg(), $($post),*
+            ),
+            KvArenas::F32 { keys, values } => $kernel::launch::<F32Rows, R>(
+                $($pre,)*
+                F32RowsLaunch::new(into_contiguous(keys).into_array_arg()),
+                F32RowsLaunch::new(into_contiguous(values).into_array_arg()),
+                $($post),*
+            ),
+        }
+    };
+}
+
 /// Shape of one attention call: heads, head size and the table width.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
@@ -114,14 +132,11 @@ pub fn decode<R: CubeRuntime>(
         shape.scale(),
     );
     let (q_arg, out_arg) = (q.into_array_arg(), out.clone().into_array_arg());
-    match kv {
-        KvArenas::Tiers { keys, values } => paged_decode::launch::<TierArenas, R>(
-            &client,
-            count,
-            dim,
-            q_arg,
-            keys.into_arg(),
-            values.into_arg(),
+    launch_over!(
+        paged_decode,
+        kv,
+        (&client, count, dim, q_arg),
+        (
             tables,
             row_seq,
             row_pos,
@@ -130,26 +145,9 @@ pub fn decode<R: CubeRuntime>(
             n_kv,
             scale,
             shape.head_dim,
-            shape.group(),
-        ),
-        KvArenas::F32 { keys, values } => paged_decode::launch::<F32Rows, R>(
-            &client,
-            count,
-            dim,
-            q_arg,
-            F32RowsLaunch::new(into_contiguous(keys).into_array_arg()),
-            F32RowsLaunch::new(into_contiguous(values).into_array_arg()),
-            tables,
-            row_seq,
-            row_pos,
-            out_arg,
-            max_blocks,
-            n_kv,
-            scale,
-            shape.head_dim,
-            shape.group(),
-        ),
-    }
+            shape.group()
+        )
+    );
     out
 }
 
@@ -179,14 +177,11 @@ pub fn prefill<R: CubeRuntime>(
         shape.scale(),
     );
     let (q_arg, out_arg) = (q.into_array_arg(), out.clone().into_array_arg());
-    match kv {
-        KvArenas::Tiers { keys, values } => paged_prefill::launch::<TierArenas, R>(
-            &client,
-            count,
-            dim,
-            q_arg,
-            keys.into_arg(),
-            values.into_arg(),
+    launch_over!(
+        paged_prefill,
+        kv,
+        (&client, count, dim, q_arg),
+        (
             tables,
             tiles,
             out_arg,
@@ -194,24 +189,8 @@ pub fn prefill<R: CubeRuntime>(
             n_kv,
             scale,
             shape.head_dim,
-            shape.group(),
-        ),
-        KvArenas::F32 { keys, values } => paged_prefill::launch::<F32Rows, R>(
-            &client,
-            count,
-            dim,
-            q_arg,
-            F32RowsLaunch::new(into_contiguous(keys).into_array_arg()),
-            F32RowsLaunch::new(into_contiguous(values).into_array_arg()),
-            tables,
-            tiles,
-            out_arg,
-            max_blocks,
-            n_kv,
-            scale,
-            shape.head_dim,
-            shape.group(),
-        ),
-    }
+            shape.group()
+        )
+    );
     out
 }
