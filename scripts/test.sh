@@ -2,44 +2,132 @@
 # The test command: formatting, lints (including the CUDA build, compiled without the
 # CUDA toolkit), then every test on the real model on the CPU backend and on wgpu
 # (lavapipe where there is no GPU), and the browser demo end to end in headless Chromium.
-# Fetches the model and installs what the demo needs when missing.
+# Fetches the model and installs what the demo needs when missing. Ends with a table of
+# how long each phase took, also when a phase fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 
+mkdir -p target
+started=$SECONDS
+phases=()   # "name|seconds|status"
+declare -A bg_pid=()
+current=""
+current_t0=0
+
 step() { echo "== $* ($(date +%T))" >&2; }
 
-step "format"
-cargo fmt --all -- --check
+# Ends a process and everything it started.
+kill_tree() {
+    local child
+    for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
 
-step "web demo: wasm32 build in the background (it fills the cores the native build leaves idle)"
-mkdir -p target
-web_log=target/web-demo-build.log
-nice -n 10 scripts/web-demo.sh build >"$web_log" 2>&1 &
-web_build=$!
+report() {
+    local rc=$? pid
+    for pid in "${bg_pid[@]}"; do kill_tree "$pid"; done
+    [ -z "$current" ] || phases+=("$current|$((SECONDS - current_t0))|FAILED")
+    echo >&2
+    echo "== phases (wall seconds; background phases overlap the others)" >&2
+    local p name secs status
+    for p in "${phases[@]}"; do
+        IFS='|' read -r name secs status <<<"$p"
+        printf '%6d s  %-62s %s\n' "$secs" "$name" "$status" >&2
+    done
+    printf '%6d s  %-62s %s\n' "$((SECONDS - started))" "total" "$([ "$rc" = 0 ] && echo ok || echo "FAILED ($rc)")" >&2
+}
+trap report EXIT
 
-step "fetch the default model if missing"
-cargo run --release -q -p fornax -- fetch
+# Runs one phase: `phase NAME COMMAND...`.
+phase() {
+    current=$1
+    current_t0=$SECONDS
+    shift
+    step "$current"
+    "$@"
+    phases+=("$current|$((SECONDS - current_t0))|ok")
+    current=""
+}
 
-step "the openai Python client (used by the server test) if missing"
-# Installed into the cache with --target, so no virtual environment is needed.
+# Starts a phase in the background at low priority, to fill cores the foreground leaves
+# idle; `finish NAME` waits for it and records it.
+background() {
+    local name=$1
+    shift
+    step "$name (in the background)"
+    (
+        t0=$SECONDS
+        rc=0
+        renice -n 10 -p "$BASHPID" >/dev/null
+        "$@" >"target/bg-$name.log" 2>&1 || rc=$?
+        echo "$((SECONDS - t0)) $rc" >"target/bg-$name.time"
+        exit "$rc"
+    ) &
+    bg_pid[$name]=$!
+}
+finish() {
+    local name=$1 secs rc
+    step "wait for $name"
+    wait "${bg_pid[$name]}" || true
+    read -r secs rc <"target/bg-$name.time"
+    if [ "$rc" != 0 ]; then
+        cat "target/bg-$name.log" >&2
+        phases+=("$name (background)|$secs|FAILED")
+        echo "$name failed" >&2
+        exit 1
+    fi
+    phases+=("$name (background)|$secs|ok")
+}
+
+phase "format" cargo fmt --all -- --check
+
+# The wasm32 build has its own target folder and compiler, so it runs beside the native one.
+background web-demo-build scripts/web-demo.sh build
+
+phase "build fornax (release) and fetch the default model" cargo run --release -q -p fornax -- fetch
+
+install_openai() {
+    # Installed into the cache with --target, so no virtual environment is needed.
+    if ! PYTHONPATH="$FORNAX_PYTHONPATH" python3 -c "import openai" 2>/dev/null; then
+        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --target "$FORNAX_PYTHONPATH" "openai==3.57.0" ||
+            python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --break-system-packages \
+                --target "$FORNAX_PYTHONPATH" "openai==3.57.0"
+    fi
+}
 export FORNAX_PYTHONPATH="${FORNAX_HOME:-$HOME/.cache/fornax}/python"
-if ! PYTHONPATH="$FORNAX_PYTHONPATH" python3 -c "import openai" 2>/dev/null; then
-    python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --target "$FORNAX_PYTHONPATH" "openai==3.57.0" ||
-        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --break-system-packages \
-            --target "$FORNAX_PYTHONPATH" "openai==3.57.0"
-fi
+phase "the openai Python client (server test)" install_openai
 
-step "tests"
-cargo test --release --workspace
+# fornax-web is built for wasm32 and tested in the browser below, not natively.
+TEST_ARGS=(--release --workspace --exclude fornax-web)
+phase "build the tests" cargo test "${TEST_ARGS[@]}" --no-run
 
-step "web demo: the same greedy tokens in headless Chromium"
-wait "$web_build" || { cat "$web_log" >&2; echo "web demo build failed" >&2; exit 1; }
-scripts/web-demo.sh test
+# Lints check-build everything again (with the CUDA backend, in their own target folder),
+# so they run beside the tests. cudarc cannot ask nvcc for the version here: pin CUDA 12.8.
+lint() {
+    CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-12080}" CARGO_TARGET_DIR=target/clippy \
+        cargo clippy --release --workspace --all-targets --features fornax/cuda -- -D warnings
+}
+background clippy lint
 
-step "clippy, with the CUDA backend compiled in"
-# cudarc cannot ask nvcc for the version here; pin the CUDA 12.8 API.
-CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-12080}" \
-    cargo clippy --release --workspace --all-targets --features fornax/cuda -- -D warnings
+# Each test binary is its own phase, run as cargo would: from its package's folder.
+test_binaries() {
+    cargo test "${TEST_ARGS[@]}" --no-run --message-format=json | python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("reason") == "compiler-artifact" and msg["profile"]["test"] and msg.get("executable"):
+        package = os.path.dirname(msg["manifest_path"])
+        print(msg["target"]["name"], msg["target"]["kind"][0], package, msg["executable"])
+'
+}
+run_tests() { (cd "$1" && "$2"); }
+while read -r name kind package binary; do
+    phase "test binary ${package#"$PWD"/} $kind $name" run_tests "$package" "$binary"
+done < <(test_binaries)
 
+finish web-demo-build
+phase "web demo: the same greedy tokens in headless Chromium" scripts/web-demo.sh test
+
+finish clippy
 step "done"

@@ -11,10 +11,16 @@
 //! softmax and the output are FP32; the softmax is the online (running maximum) form so
 //! one pass over the tiles suffices.
 //!
-//! Loops with compile-time bounds are unrolled: besides speed, this keeps the loop
-//! iterations per invocation low, and llvmpipe (lavapipe) silently stops a shader's loops
-//! after 65,535 iterations (measured: the prefill kernel went wrong past about 400 keys
-//! before unrolling).
+//! Loops are nested: an outer loop that the shader runs and an inner one of a few steps
+//! that is unrolled (`DIM_CHUNK` dimensions or `KEY_CHUNK` keys). Fully unrolled loops over
+//! the head dimension and the 32 keys of a tile made shaders of thousands of operations,
+//! which took lavapipe's LLVM many minutes to compile with an empty shader cache (over
+//! 1,300 CPU-seconds for one kernel). Rolled loops must still stay short: llvmpipe
+//! (lavapipe) silently stops a shader's loops after 65,535 iterations in all, per
+//! invocation (measured: the prefill kernel went wrong past about 400 keys with one loop
+//! step per key and dimension). Per 32-key tile the decode kernel runs
+//! `2 hd / 16 + group (hd / 16 + 9) + 1` loop steps (50 at `hd` 64, `group` 3, so about
+//! 40,000 keys fit) and the prefill kernel `2 hd / 16 + 17` (25: about 80,000 keys).
 //!
 //! Both kernels read K and V one tile (32 tokens x `head_dim`) at a time into workgroup
 //! memory, K then V through the same buffer, so a cube needs only `32 * head_dim * 4`
@@ -30,6 +36,13 @@ pub const TIER_SHIFT: u32 = 28;
 pub const SLOT_MASK: u32 = (1 << TIER_SHIFT) - 1;
 /// A score low enough to vanish in `exp` without writing an infinity (WGSL has none).
 const NEG_BIG: f32 = -1.0e30;
+/// Head dimensions per step of the loops over a row (unrolled inside, rolled outside).
+pub const DIM_CHUNK: usize = 16;
+/// Keys per step of the loops over a tile's keys.
+const KEY_CHUNK: usize = 4;
+/// The kernels need `head_dim` to be a multiple of this (every Llama-family model's is);
+/// other shapes take the burn reference path.
+pub const HEAD_DIM_MULTIPLE: usize = DIM_CHUNK;
 
 /// The K or V arenas of one layer, one per tier.
 #[derive(CubeLaunch, CubeType)]
@@ -108,40 +121,70 @@ impl KvRows for TierArenas {
         #[comptime] hd: usize,
     ) {
         if !valid {
-            #[unroll]
-            for d in 0..hd {
-                tile[dst + d] = 0.0;
-            }
+            zero_row(tile, dst, hd);
         } else if tier == 0 {
-            let base = row * n_kv * hd + head * hd;
-            #[unroll]
-            for d in 0..hd {
-                tile[dst + d] = self.f32_rows[base + d];
-            }
+            copy_row(&self.f32_rows, row * n_kv * hd + head * hd, tile, dst, hd);
         } else if tier == 1 {
             let words = comptime!(hd / 2);
+            let per_chunk = comptime!(DIM_CHUNK / 2);
             let base = row * n_kv * words + head * words;
             let scale = self.f16_scales[slot * n_kv + head];
-            #[unroll]
-            for w in 0..words {
-                let word = self.f16_rows[base + w];
-                tile[dst + 2 * w] = half_to_f32(word & 65535) * scale;
-                tile[dst + 2 * w + 1] = half_to_f32(word >> 16) * scale;
+            for c in 0..comptime!(hd / DIM_CHUNK) {
+                #[unroll]
+                for i in 0..per_chunk {
+                    let w = c * per_chunk + i;
+                    let word = self.f16_rows[base + w];
+                    tile[dst + 2 * w] = half_to_f32(word & 65535) * scale;
+                    tile[dst + 2 * w + 1] = half_to_f32(word >> 16) * scale;
+                }
             }
         } else {
             let words = comptime!(hd / 4);
+            let per_chunk = comptime!(DIM_CHUNK / 4);
             let base = row * n_kv * words + head * words;
             let scale = self.i8_scales[slot * n_kv + head];
-            #[unroll]
-            for w in 0..words {
-                let word = self.i8_rows[base + w];
+            for c in 0..comptime!(hd / DIM_CHUNK) {
                 #[unroll]
-                for b in 0..4u32 {
-                    let byte = (word >> (8 * b)) & 255;
-                    let signed = f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7);
-                    tile[dst + 4 * w + b as usize] = signed * scale;
+                for i in 0..per_chunk {
+                    let w = c * per_chunk + i;
+                    let word = self.i8_rows[base + w];
+                    #[unroll]
+                    for b in 0..4u32 {
+                        let byte = (word >> (8 * b)) & 255;
+                        let signed = f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7);
+                        tile[dst + 4 * w + b as usize] = signed * scale;
+                    }
                 }
             }
+        }
+    }
+}
+
+/// Writes `hd` zeros into `tile[dst..]`.
+#[cube]
+fn zero_row(tile: &mut SharedMemory<f32>, dst: usize, #[comptime] hd: usize) {
+    for c in 0..comptime!(hd / DIM_CHUNK) {
+        #[unroll]
+        for i in 0..DIM_CHUNK {
+            tile[dst + c * DIM_CHUNK + i] = 0.0;
+        }
+    }
+}
+
+/// Copies `hd` floats from `rows[base..]` into `tile[dst..]`.
+#[cube]
+fn copy_row(
+    rows: &Array<f32>,
+    base: usize,
+    tile: &mut SharedMemory<f32>,
+    dst: usize,
+    #[comptime] hd: usize,
+) {
+    for c in 0..comptime!(hd / DIM_CHUNK) {
+        #[unroll]
+        for i in 0..DIM_CHUNK {
+            let d = c * DIM_CHUNK + i;
+            tile[dst + d] = rows[base + d];
         }
     }
 }
@@ -169,16 +212,9 @@ impl KvRows for F32Rows {
         #[comptime] hd: usize,
     ) {
         if !valid {
-            #[unroll]
-            for d in 0..hd {
-                tile[dst + d] = 0.0;
-            }
+            zero_row(tile, dst, hd);
         } else {
-            let base = row * n_kv * hd + head * hd;
-            #[unroll]
-            for d in 0..hd {
-                tile[dst + d] = self.rows[base + d];
-            }
+            copy_row(&self.rows, row * n_kv * hd + head * hd, tile, dst, hd);
         }
     }
 }
@@ -212,6 +248,8 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
     let seq = row_seq[row] as usize;
     let n_keys = row_pos[row] as usize + 1;
     let per_unit = comptime!(hd.div_ceil(BLOCK_TOKENS));
+    // Whether every unit owns exactly `per_unit` dimensions (no bounds check needed).
+    let whole = comptime!(hd.is_multiple_of(BLOCK_TOKENS));
 
     let mut q_sh = SharedMemory::<f32>::new(group * hd);
     let mut tile = SharedMemory::<f32>::new(BLOCK_TOKENS * hd);
@@ -227,7 +265,6 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
     let mut running_max = Array::<f32>::new(group);
     let mut running_sum = Array::<f32>::new(group);
     let mut acc = Array::<f32>::new(group * per_unit);
-    #[unroll]
     for h in 0..group {
         running_max[h] = f32::new(NEG_BIG);
         running_sum[h] = 0.0;
@@ -259,12 +296,14 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
             hd,
         );
         sync_cube();
-        #[unroll]
         for h in 0..group {
             let mut score = 0.0;
-            #[unroll]
-            for d in 0..hd {
-                score += q_sh[h * hd + d] * tile[unit * hd + d];
+            for c in 0..comptime!(hd / DIM_CHUNK) {
+                #[unroll]
+                for i in 0..DIM_CHUNK {
+                    let d = c * DIM_CHUNK + i;
+                    score += q_sh[h * hd + d] * tile[unit * hd + d];
+                }
             }
             if !valid {
                 score = f32::new(NEG_BIG);
@@ -285,7 +324,6 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
         );
         sync_cube();
 
-        #[unroll]
         for h in 0..group {
             let mut tile_max = f32::new(NEG_BIG);
             #[unroll]
@@ -295,21 +333,30 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
             let new_max = f32::max(running_max[h], tile_max);
             let correction = f32::exp(running_max[h] - new_max);
             let mut sum = running_sum[h] * correction;
+            // This head's share of the output in registers while the keys go by.
+            let mut acc_h = Array::<f32>::new(per_unit);
             #[unroll]
             for j in 0..per_unit {
-                acc[h * per_unit + j] *= correction;
+                acc_h[j] = acc[h * per_unit + j] * correction;
             }
-            #[unroll]
-            for k in 0..BLOCK_TOKENS {
-                let p = f32::exp(probs[h * BLOCK_TOKENS + k] - new_max);
-                sum += p;
+            for c in 0..comptime!(BLOCK_TOKENS / KEY_CHUNK) {
                 #[unroll]
-                for j in 0..per_unit {
-                    let d = unit + j * BLOCK_TOKENS;
-                    if d < hd {
-                        acc[h * per_unit + j] += p * tile[k * hd + d];
+                for i in 0..KEY_CHUNK {
+                    let k = c * KEY_CHUNK + i;
+                    let p = f32::exp(probs[h * BLOCK_TOKENS + k] - new_max);
+                    sum += p;
+                    #[unroll]
+                    for j in 0..per_unit {
+                        let d = unit + j * BLOCK_TOKENS;
+                        if whole || d < hd {
+                            acc_h[j] += p * tile[k * hd + d];
+                        }
                     }
                 }
+            }
+            #[unroll]
+            for j in 0..per_unit {
+                acc[h * per_unit + j] = acc_h[j];
             }
             running_max[h] = new_max;
             running_sum[h] = sum;
@@ -317,7 +364,6 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
         sync_cube();
     }
 
-    #[unroll]
     for h in 0..group {
         #[unroll]
         for j in 0..per_unit {
@@ -333,7 +379,7 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
 ///
 /// `tiles` holds four words per query tile `t`: sequence, first row, first key row
 /// (position) and rows. Cube `(query tile, query head)`, 32 units; unit `u` is query row
-/// `first row + u` and keeps its running softmax and output in registers.
+/// `first row + u` and keeps its query, running softmax and output in registers.
 /// The key tiles are read once per query tile and head.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -374,7 +420,10 @@ pub fn paged_prefill<K: KvRows + LaunchArg>(
     for d in 0..hd {
         acc[d] = 0.0;
         q_reg[d] = 0.0;
-        if active {
+    }
+    if active {
+        #[unroll]
+        for d in 0..hd {
             q_reg[d] = q[q_base + d] * softmax_scale;
         }
     }
@@ -403,18 +452,21 @@ pub fn paged_prefill<K: KvRows + LaunchArg>(
         );
         sync_cube();
         let mut tile_max = f32::new(NEG_BIG);
-        #[unroll]
-        for k in 0..BLOCK_TOKENS {
-            let mut score = f32::new(NEG_BIG);
-            if t * BLOCK_TOKENS + k <= my_pos {
-                score = 0.0;
-                #[unroll]
-                for d in 0..hd {
-                    score += q_reg[d] * tile[k * hd + d];
+        for c in 0..comptime!(BLOCK_TOKENS / KEY_CHUNK) {
+            #[unroll]
+            for i in 0..KEY_CHUNK {
+                let k = c * KEY_CHUNK + i;
+                let mut score = f32::new(NEG_BIG);
+                if t * BLOCK_TOKENS + k <= my_pos {
+                    score = 0.0;
+                    #[unroll]
+                    for d in 0..hd {
+                        score += q_reg[d] * tile[k * hd + d];
+                    }
                 }
+                scores[k] = score;
+                tile_max = f32::max(tile_max, score);
             }
-            scores[k] = score;
-            tile_max = f32::max(tile_max, score);
         }
         sync_cube();
         values.load_row(
@@ -436,13 +488,16 @@ pub fn paged_prefill<K: KvRows + LaunchArg>(
         for d in 0..hd {
             acc[d] *= correction;
         }
-        #[unroll]
-        for k in 0..BLOCK_TOKENS {
-            let p = f32::exp(scores[k] - new_max);
-            running_sum += p;
+        for c in 0..comptime!(BLOCK_TOKENS / KEY_CHUNK) {
             #[unroll]
-            for d in 0..hd {
-                acc[d] += p * tile[k * hd + d];
+            for i in 0..KEY_CHUNK {
+                let k = c * KEY_CHUNK + i;
+                let p = f32::exp(scores[k] - new_max);
+                running_sum += p;
+                #[unroll]
+                for d in 0..hd {
+                    acc[d] += p * tile[k * hd + d];
+                }
             }
         }
         running_max = new_max;

@@ -5,6 +5,7 @@ use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
 use burn::tensor::{backend::Backend, ops::FloatElem, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use fornax_shaders::launch::{self, ArenaTensors, KvArenas};
+use fornax_shaders::paged_attention::HEAD_DIM_MULTIPLE;
 
 use super::{reference, AttentionShape, LayerKv, PagedBatch, TierArena};
 
@@ -44,8 +45,12 @@ where
         batch: &PagedBatch<Self>,
         shape: AttentionShape,
     ) -> Tensor<Self, 2> {
-        // The kernels are written for FP32 activations and 32-bit table words.
-        if !batch.kernels || FloatElem::<Self>::dtype() != burn::tensor::DType::F32 {
+        // The kernels are written for FP32 activations, 32-bit table words and head
+        // dimensions that are a multiple of their loop step.
+        if !batch.kernels
+            || FloatElem::<Self>::dtype() != burn::tensor::DType::F32
+            || !shape.head_dim.is_multiple_of(HEAD_DIM_MULTIPLE)
+        {
             return reference::paged_attention(q, kv, batch, shape);
         }
         let shape = AttentionShape {

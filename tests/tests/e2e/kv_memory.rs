@@ -64,5 +64,7 @@ impl BackendTask for DecodeSteps {
 
 #[test]
 fn decoding_does_not_allocate_per_token() {
+    // The allocator's figures are the device's: no other test may use it meanwhile.
+    let _alone = crate::common::wgpu_alone();
     run_on(BackendKind::Wgpu, DecodeSteps).expect("wgpu adapter");
 }

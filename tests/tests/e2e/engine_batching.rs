@@ -2,7 +2,8 @@
 //! each with its own `max_tokens`, give exactly the greedy tokens each gives alone, also
 //! when the KV pool is so small that requests must be preempted and recomputed.
 
-use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
+use crate::common::{model_file, read_reference, run_on, Perplexity, Prompts};
+use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
 use fornax_engine::model::LlamaModel;
@@ -11,7 +12,6 @@ use fornax_engine::sched::{ElasticWindow, PolicyKind, RequestId, SchedulerConfig
 use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::{generate, Engine, EngineBackend, Event, GenerateParams, Request};
-use fornax_tests::{model_file, read_reference, Perplexity, Prompts};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 

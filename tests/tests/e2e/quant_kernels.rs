@@ -119,6 +119,7 @@ fn check(c: &Case, tokens: usize, shape: Option<MatvecShape>) -> f32 {
 
 #[test]
 fn matvec_kernel_matches_dequantize_then_matmul() {
+    let _shared = crate::common::wgpu_shared();
     for (i, ty) in FORMATS.into_iter().enumerate() {
         // Odd row counts: cubes that are partly past the last row.
         let c = case(ty, 67, 96, i as u64);
@@ -135,6 +136,7 @@ fn matvec_kernel_matches_dequantize_then_matmul() {
 
 #[test]
 fn tiled_kernel_matches_dequantize_then_matmul() {
+    let _shared = crate::common::wgpu_shared();
     for (i, ty) in FORMATS.into_iter().enumerate() {
         // 67 rows: two row tiles, the second with 3 rows; 40 tokens: a full and a partial
         // token tile; 9 tokens: the smallest batch that takes the tiled kernel.
@@ -148,6 +150,7 @@ fn tiled_kernel_matches_dequantize_then_matmul() {
 
 #[test]
 fn row_gather_matches_the_dequantized_rows() {
+    let _shared = crate::common::wgpu_shared();
     let device = wgpu_device().unwrap().0;
     for (i, ty) in FORMATS.into_iter().enumerate() {
         let c = case(ty, 67, 1056, 40 + i as u64);
@@ -173,6 +176,7 @@ fn row_gather_matches_the_dequantized_rows() {
 
 #[test]
 fn model_entry_points_use_the_kernels() {
+    let _shared = crate::common::wgpu_shared();
     // What the model calls: the matrix-vector kernel for a few tokens, and for many either
     // the tiled kernel or FP32 products over dequantized chunks of 8,192 rows (lavapipe),
     // here across a chunk boundary.

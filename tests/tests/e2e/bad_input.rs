@@ -1,8 +1,8 @@
 //! Damaged copies of the real model file: each gives an error naming the problem.
 
+use crate::common::model_file;
 use fornax_engine::gguf::{GgufError, GgufFile};
 use fornax_engine::model::{LlamaConfig, ModelError};
-use fornax_tests::model_file;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn header_len(bytes: &[u8]) -> usize {

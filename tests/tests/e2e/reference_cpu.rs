@@ -1,7 +1,7 @@
 //! The real model on the CPU backend against the float reference.
 
+use crate::common::{run_check, Check};
 use fornax_backends::BackendKind;
-use fornax_tests::{run_check, Check};
 
 #[test]
 fn last_logits_match_float_reference() {

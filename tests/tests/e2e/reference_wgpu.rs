@@ -1,8 +1,8 @@
 //! The real model on the wgpu backend (lavapipe on machines without a GPU) against the float reference.
 
-use fornax_backends::{run_on, BackendKind};
+use crate::common::{run_check, run_on, Check, PrefixLogprobs};
+use fornax_backends::BackendKind;
 use fornax_engine::score::perplexity;
-use fornax_tests::{run_check, Check, PrefixLogprobs};
 
 #[test]
 fn last_logits_match_float_reference() {
@@ -48,11 +48,11 @@ fn perplexity_matches_cpu_backend_token_by_token() {
 /// of the float-reference tolerance.
 #[test]
 fn quantized_weights_match_f32_weights() {
-    use fornax_backends::{run_on, BackendTask, DeviceInfo};
+    use crate::common::{model_file, read_reference, Prompts};
+    use fornax_backends::{BackendTask, DeviceInfo};
     use fornax_engine::gguf::GgufFile;
     use fornax_engine::model::{LlamaModel, LoadOptions};
     use fornax_engine::{prefill, EngineBackend};
-    use fornax_tests::{model_file, read_reference, Prompts};
 
     struct Compare;
     impl BackendTask for Compare {

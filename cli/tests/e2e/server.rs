@@ -10,11 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::LlamaModel;
 use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
-use fornax_engine::{generate, EngineBackend, GenerateParams};
 use serde_json::{json, Value};
 
 const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1";
@@ -217,41 +214,53 @@ struct Expected {
     tokens: usize,
 }
 
-/// Greedy generations of the completion and chat prompts with plain `generate`.
-struct Reference;
-
-impl BackendTask for Reference {
-    type Output = (Expected, Expected);
-
-    fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
-        let file = fornax::model_file::ModelFile::open(&model_path()).unwrap();
-        let gguf = GgufFile::parse(file.bytes()).unwrap();
-        let tok = Tokenizer::from_gguf(&gguf).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
-        let stop_ids = tok.stop_ids();
-        let params = GenerateParams {
-            max_tokens: MAX_TOKENS,
-            stop_ids: stop_ids.clone(),
-            ..GenerateParams::default()
-        };
-        let run = |prompt: Vec<u32>| {
-            let ids = generate(&model, &prompt, &params, |_| true).unwrap();
-            let shown: Vec<u32> = ids
-                .iter()
-                .copied()
-                .filter(|t| !stop_ids.contains(t))
-                .collect();
-            Expected {
-                text: tok.decode(&shown).unwrap(),
-                tokens: ids.len(),
-            }
-        };
-        let completion = run(tok.encode(COMPLETION_PROMPT, true).unwrap());
-        let chat = run(tok
-            .encode_chat(&[ChatMessage::new("user", CHAT_PROMPT)])
-            .unwrap());
-        (completion, chat)
-    }
+/// Greedy generations of the completion and chat prompts by the engine outside the server:
+/// `fornax generate` on the plain (contiguous) cache, CPU backend. Its prompt ids are
+/// checked against the tokenizer's encoding of the same request.
+fn reference() -> (Expected, Expected) {
+    let path = model_path();
+    let file = fornax::model_file::ModelFile::open(&path).unwrap();
+    let gguf = GgufFile::parse(file.bytes()).unwrap();
+    let tok = Tokenizer::from_gguf(&gguf).unwrap();
+    let stop_ids = tok.stop_ids();
+    let run = |prompt_ids: Vec<u32>, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_fornax"))
+            .args(["generate", "--json", "--backend", "cpu", "--contiguous-kv"])
+            .args(["--max-tokens", &MAX_TOKENS.to_string()])
+            .arg("--model")
+            .arg(&path)
+            .args(args)
+            .output()
+            .expect("run fornax generate");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ids = |key: &str| -> Vec<u32> { serde_json::from_value(out[key].clone()).unwrap() };
+        assert_eq!(ids("prompt_ids"), prompt_ids, "{args:?}");
+        let generated = ids("generated_ids");
+        let shown: Vec<u32> = generated
+            .iter()
+            .copied()
+            .filter(|t| !stop_ids.contains(t))
+            .collect();
+        Expected {
+            text: tok.decode(&shown).unwrap(),
+            tokens: generated.len(),
+        }
+    };
+    let completion = run(
+        tok.encode(COMPLETION_PROMPT, true).unwrap(),
+        &[COMPLETION_PROMPT],
+    );
+    let chat = run(
+        tok.encode_chat(&[ChatMessage::new("user", CHAT_PROMPT)])
+            .unwrap(),
+        &["--chat", CHAT_PROMPT],
+    );
+    (completion, chat)
 }
 
 fn streamed_text(chunks: &[Value], chat: bool) -> (String, String, u64) {
@@ -280,7 +289,7 @@ fn streamed_text(chunks: &[Value], chat: bool) -> (String, String, u64) {
 #[test]
 fn answers_equal_the_engine_greedy_output_through_http_and_the_openai_client() {
     let server = Server::start(&[]);
-    let (want_completion, want_chat) = run_on(BackendKind::Cpu, Reference).unwrap();
+    let (want_completion, want_chat) = reference();
     eprintln!(
         "engine: completion {:?}, chat {:?}",
         want_completion.text, want_chat.text

@@ -1,8 +1,8 @@
 //! The tokenizer built from the real model's metadata against llama.cpp's ids.
 
+use crate::common::{model_file, read_reference, Perplexity};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::tokenizer::{ChatMessage, TextStream, Tokenizer};
-use fornax_tests::{model_file, read_reference, Perplexity};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -48,7 +48,7 @@ fn every_reference_case_gives_the_reference_ids() {
 #[test]
 fn reference_prompts_and_perplexity_text_tokenize_exactly() {
     let tok = tokenizer();
-    let prompts: fornax_tests::Prompts = read_reference("prompts.json");
+    let prompts: crate::common::Prompts = read_reference("prompts.json");
     for p in &prompts.prompts {
         assert_eq!(
             tok.encode(&p.prompt, false).unwrap(),
@@ -58,7 +58,8 @@ fn reference_prompts_and_perplexity_text_tokenize_exactly() {
         );
     }
     let ppl: Perplexity = read_reference("perplexity.json");
-    let text = std::fs::read_to_string(fornax_tests::reference_dir().join("ppl_text.txt")).unwrap();
+    let text =
+        std::fs::read_to_string(crate::common::reference_dir().join("ppl_text.txt")).unwrap();
     let ids = tok.encode(&text, false).unwrap();
     assert_eq!(ids.len(), ppl.n_tokens);
     assert_eq!(ids, ppl.ids);

@@ -3,16 +3,16 @@
 //! agree on at least the first 16 tokens, except where the reference's top-2 margin is
 //! below 0.05). CPU runs the burn reference path; lavapipe runs our kernels.
 
-use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
+use crate::common::{
+    check_greedy, greedy_steps, leading_matches, model_file, read_reference, run_on, Perplexity,
+    Prompts, MIN_MARGIN,
+};
+use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
 use fornax_engine::model::LlamaModel;
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::EngineBackend;
-use fornax_tests::{
-    check_greedy, greedy_steps, leading_matches, model_file, read_reference, Perplexity, Prompts,
-    MIN_MARGIN,
-};
 
 /// One run: `tokens` greedy tokens after `prompt` with each of `policies`, compared with
 /// the contiguous cache on the same backend.
@@ -91,7 +91,7 @@ fn reference_prompts_on_cpu() {
             },
         );
         // The paged path against the float reference itself.
-        struct Reference<'a>(&'a fornax_tests::PromptCase);
+        struct Reference<'a>(&'a crate::common::PromptCase);
         impl BackendTask for Reference<'_> {
             type Output = Result<usize, String>;
             fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {

@@ -8,8 +8,9 @@
 //! in [-2, 2], with scores perturbed by <= |q||k| 2^-11) by well under 5e-3; INT8 steps of
 //! max/127 give up to 6e-2.
 
+use crate::common::run_on;
 use burn::tensor::{Distribution, Tensor};
-use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
+use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::kv::{
     reference, AttentionShape, KvCapacity, KvDims, PagedBatch, PagedKv, SeqId, Tier, TierPolicy,
 };

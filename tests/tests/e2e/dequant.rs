@@ -1,7 +1,7 @@
 //! Dequantized tensors of the real model against the `gguf` Python package's values.
 
+use crate::common::{model_file, read_reference};
 use fornax_engine::gguf::GgufFile;
-use fornax_tests::{model_file, read_reference};
 use serde::Deserialize;
 
 #[derive(Deserialize)]

@@ -1,0 +1,4 @@
+//! The `fornax` binary and its server end to end, in one test binary (each file a module).
+
+mod cli;
+mod server;

@@ -1,0 +1,18 @@
+//! Every end-to-end test of `fornax-tests` in one binary: each file is a module, so burn's
+//! generic CPU and wgpu code is compiled once for all of them rather than once per file.
+//! Tests that use the wgpu device go through [`common::run_on`] (or hold
+//! [`common::wgpu_shared`]), so the one test that measures the device allocator can have
+//! the device to itself.
+
+mod common;
+
+mod bad_input;
+mod dequant;
+mod engine_batching;
+mod kv_kernels;
+mod kv_memory;
+mod paged_model;
+mod quant_kernels;
+mod reference_cpu;
+mod reference_wgpu;
+mod tokenizer;
