@@ -37,11 +37,12 @@ toolchain() {
     [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
     if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $WASM_BINDGEN_VERSION" ]; then
         step "install wasm-bindgen-cli $WASM_BINDGEN_VERSION"
-        # Not --locked: one of its locked dependencies is gone from the index. A tool run
-        # once per build: optimised lightly, it compiles in a fraction of the time.
+        # Not --locked: one of its locked dependencies is gone from the index. --force: cargo
+        # skips a crate it has recorded as installed even when the binary is gone. Optimised
+        # lightly: it compiles in a fraction of the time and still runs in seconds.
         CARGO_PROFILE_RELEASE_OPT_LEVEL=1 CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 \
             CARGO_PROFILE_RELEASE_LTO=false \
-            cargo install -q wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
+            cargo install -q --force wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION"
     fi
 }
 
