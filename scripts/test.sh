@@ -98,9 +98,20 @@ install_openai() {
 export FORNAX_PYTHONPATH="${FORNAX_HOME:-$HOME/.cache/fornax}/python"
 phase "the openai Python client (server test)" install_openai
 
-# fornax-web is built for wasm32 and tested in the browser below, not natively.
-TEST_ARGS=(--release --workspace --exclude fornax-web)
-phase "build the tests" cargo test "${TEST_ARGS[@]}" --no-run
+# fornax-web is built for wasm32 and tested in the browser below, not natively. The build
+# also lists each test binary (name, kind, package folder, path) for the phases below.
+build_tests() {
+    cargo test --release --workspace --exclude fornax-web --no-run \
+        --message-format=json-render-diagnostics | python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("reason") == "compiler-artifact" and msg["profile"]["test"] and msg.get("executable"):
+        package = os.path.dirname(msg["manifest_path"])
+        print(msg["target"]["name"], msg["target"]["kind"][0], package, msg["executable"])
+' >target/test-binaries.txt
+}
+phase "build the tests" build_tests
 
 # Lints check-build everything again (with the CUDA backend, in their own target folder),
 # so they run beside the tests. cudarc cannot ask nvcc for the version here: pin CUDA 12.8.
@@ -111,20 +122,10 @@ lint() {
 background clippy lint
 
 # Each test binary is its own phase, run as cargo would: from its package's folder.
-test_binaries() {
-    cargo test "${TEST_ARGS[@]}" --no-run --message-format=json | python3 -c '
-import json, os, sys
-for line in sys.stdin:
-    msg = json.loads(line)
-    if msg.get("reason") == "compiler-artifact" and msg["profile"]["test"] and msg.get("executable"):
-        package = os.path.dirname(msg["manifest_path"])
-        print(msg["target"]["name"], msg["target"]["kind"][0], package, msg["executable"])
-'
-}
 run_tests() { (cd "$1" && "$2"); }
 while read -r name kind package binary; do
     phase "test binary ${package#"$PWD"/} $kind $name" run_tests "$package" "$binary"
-done < <(test_binaries)
+done <target/test-binaries.txt
 
 finish web-demo-build
 phase "web demo: the same greedy tokens in headless Chromium" scripts/web-demo.sh test

@@ -19,7 +19,7 @@
 //! (lavapipe) silently stops a shader's loops after 65,535 iterations in all, per
 //! invocation (measured: the prefill kernel went wrong past about 400 keys with one loop
 //! step per key and dimension). Per 32-key tile the decode kernel runs
-//! `2 hd / 16 + group (hd / 16 + 9) + 1` loop steps (50 at `hd` 64, `group` 3, so about
+//! `2 hd / 16 + group (hd / 16 + 10) + 1` loop steps (51 at `hd` 64, `group` 3, so about
 //! 40,000 keys fit) and the prefill kernel `2 hd / 16 + 17` (25: about 80,000 keys).
 //!
 //! Both kernels read K and V one tile (32 tokens x `head_dim`) at a time into workgroup
@@ -37,7 +37,7 @@ pub const SLOT_MASK: u32 = (1 << TIER_SHIFT) - 1;
 /// A score low enough to vanish in `exp` without writing an infinity (WGSL has none).
 const NEG_BIG: f32 = -1.0e30;
 /// Head dimensions per step of the loops over a row (unrolled inside, rolled outside).
-pub const DIM_CHUNK: usize = 16;
+const DIM_CHUNK: usize = 16;
 /// Keys per step of the loops over a tile's keys.
 const KEY_CHUNK: usize = 4;
 /// The kernels need `head_dim` to be a multiple of this (every Llama-family model's is);

@@ -208,7 +208,7 @@ fn chat(prompt: &str, max_tokens: usize, stream: bool) -> Value {
            "stream_options": {"include_usage": true}})
 }
 
-/// The engine's own greedy text and token count for a prompt, computed in this process.
+/// The engine's own greedy text and token count for a prompt, as `fornax generate` gives them.
 struct Expected {
     text: String,
     tokens: usize,

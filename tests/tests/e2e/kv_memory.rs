@@ -64,7 +64,8 @@ impl BackendTask for DecodeSteps {
 
 #[test]
 fn decoding_does_not_allocate_per_token() {
-    // The allocator's figures are the device's: no other test may use it meanwhile.
+    // The allocator's figures are the device's: no other test may use it meanwhile. Hence
+    // fornax_backends::run_on here: common::run_on would wait for the shared lock we hold.
     let _alone = crate::common::wgpu_alone();
     run_on(BackendKind::Wgpu, DecodeSteps).expect("wgpu adapter");
 }
