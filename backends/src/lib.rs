@@ -10,7 +10,9 @@ pub use kind::BackendKind;
 pub use probe::{probe_wgpu, AdapterSummary};
 #[cfg(feature = "cuda")]
 pub use run::CudaBackend;
-pub use run::{run_on, wgpu_device, BackendTask, CpuBackend, DeviceInfo, WgpuBackend};
+pub use run::{
+    run_on, set_cpu_threads, wgpu_device, BackendTask, CpuBackend, DeviceInfo, WgpuBackend,
+};
 
 /// Why a backend cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -23,4 +25,6 @@ pub enum BackendError {
     NoCudaDriver,
     #[error("unknown backend {0:?} (choose auto, wgpu, cpu or cuda)")]
     Unknown(String),
+    #[error(transparent)]
+    Threads(#[from] fornax_cpu::ThreadsError),
 }

@@ -54,6 +54,12 @@ pub fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {
     init.clone().map_err(|_| BackendError::NoWgpuAdapter)
 }
 
+/// Sizes the CPU backend's thread pool (default: the available parallelism). Call before
+/// any model work.
+pub fn set_cpu_threads(n: usize) -> Result<(), BackendError> {
+    Ok(fornax_cpu::set_threads(n)?)
+}
+
 /// Runs `task` on the chosen backend, or says why that backend cannot be used.
 pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, BackendError> {
     let kind = kind.resolve();
@@ -65,8 +71,9 @@ pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, B
         }
         BackendKind::Cpu => {
             let adapter = format!(
-                "host CPU (ndarray, {} threads)",
-                std::thread::available_parallelism().map_or(1, |n| n.get())
+                "host CPU ({}, {} threads)",
+                fornax_cpu::SimdLevel::best().name(),
+                fornax_cpu::threads()
             );
             Ok(task.run::<CpuBackend>(Default::default(), DeviceInfo { kind, adapter }))
         }

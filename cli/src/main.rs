@@ -34,7 +34,31 @@ enum Command {
     Bench(commands::bench::BenchCommand),
 }
 
+/// Mesa's Vulkan driver prints "XDG_RUNTIME_DIR is invalid or not set" (twice) when the
+/// wgpu probe starts it without that directory. Fornax opens no window, so when the
+/// user's is missing it points the variable at a private directory of its own, before any
+/// thread starts.
+fn ensure_runtime_dir() {
+    let valid = std::env::var_os("XDG_RUNTIME_DIR")
+        .map(std::path::PathBuf::from)
+        .is_some_and(|p| p.is_absolute() && p.is_dir());
+    if valid {
+        return;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
+        let dir = std::env::temp_dir().join(format!("fornax-runtime-{uid}"));
+        let made = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+        if made.is_ok() || dir.is_dir() {
+            std::env::set_var("XDG_RUNTIME_DIR", dir);
+        }
+    }
+}
+
 fn main() {
+    ensure_runtime_dir();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),

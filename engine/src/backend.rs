@@ -5,6 +5,7 @@ use burn::tensor::backend::Backend;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
 use crate::kv::PagedAttentionOps;
+use crate::model::LayerOps;
 use crate::quant::QuantOps;
 
 /// Device memory held by the backend's allocator.
@@ -54,6 +55,6 @@ where
 
 /// A backend the whole engine runs on: burn's operations plus our kernels (or their
 /// burn reference fallbacks).
-pub trait EngineBackend: PagedAttentionOps + QuantOps + DeviceMemoryInfo {}
+pub trait EngineBackend: PagedAttentionOps + QuantOps + LayerOps + DeviceMemoryInfo {}
 
-impl<B: PagedAttentionOps + QuantOps + DeviceMemoryInfo> EngineBackend for B {}
+impl<B: PagedAttentionOps + QuantOps + LayerOps + DeviceMemoryInfo> EngineBackend for B {}

@@ -4,7 +4,7 @@ use std::io::Write;
 
 use anyhow::Result;
 use clap::Args;
-use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::seq_cache::PagedSeq;
@@ -152,12 +152,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let file = args.model.open()?;
     let gguf = parse(&file)?;
     let tok = tokenizer(&gguf)?;
-    run_on(
-        args.model.backend,
-        Generate {
-            args: &args,
-            gguf: &gguf,
-            tok: &tok,
-        },
-    )?
+    args.model.run_on(Generate {
+        args: &args,
+        gguf: &gguf,
+        tok: &tok,
+    })?
 }

@@ -1,7 +1,7 @@
 //! `fornax info`: the model, the backend and the adapter.
 
 use anyhow::Result;
-use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::model::LlamaConfig;
 
 use super::{parse, ModelArgs};
@@ -48,7 +48,7 @@ pub fn run(args: ModelArgs) -> Result<()> {
         "config:   {} layers, d_model {}, {} heads / {} kv heads, d_ff {}, vocab {}, context {}, rope base {}",
         config.n_layers, config.d_model, config.n_heads, config.n_kv_heads, config.d_ff, config.vocab_size, config.max_seq_len, config.rope_theta
     );
-    let info = run_on(args.backend, Report)?;
+    let info = args.run_on(Report)?;
     println!("backend:  {}", info.kind);
     println!("adapter:  {}", info.adapter);
     Ok(())

@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use fornax::model_file::ModelFile;
 use fornax::model_store;
-use fornax_backends::BackendKind;
+use fornax_backends::{BackendKind, BackendTask};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::{LlamaModel, LoadOptions};
 use fornax_engine::tokenizer::Tokenizer;
@@ -36,6 +36,9 @@ pub struct ModelArgs {
     /// backend has kernels for quantized weights.
     #[arg(long)]
     pub dequantize: bool,
+    /// Threads of the CPU backend (default: the available parallelism).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: Option<u32>,
 }
 
 impl ModelArgs {
@@ -45,6 +48,17 @@ impl ModelArgs {
             Some(p) => Ok(p.clone()),
             None => fetch_with_spinner(),
         }
+    }
+
+    /// Runs `task` on the chosen backend, with the CPU thread count asked for (default:
+    /// the available parallelism), this thread being one of the CPU backend's threads.
+    pub fn run_on<T: BackendTask>(&self, task: T) -> Result<T::Output> {
+        let threads = self.threads.map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |n| n as usize,
+        );
+        fornax_backends::set_cpu_threads(threads)?;
+        Ok(fornax_backends::run_on(self.backend, task)?)
     }
 
     /// How to load the weights.

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::LoadOptions;
 use fornax_engine::score::{perplexity, token_logprobs_in};
@@ -86,5 +86,5 @@ pub fn run(args: PerplexityArgs) -> Result<()> {
         load: args.model.load_options(),
         gguf: &gguf,
     };
-    run_on(args.model.backend, task)?
+    args.model.run_on(task)?
 }

@@ -11,7 +11,7 @@ use clap::Args;
 use fornax::engine_loop::run_engine;
 use fornax::server::limits::Queue;
 use fornax::server::{serve, telemetry, unix_now, AppState, Limits, ModelInfo, ServerConfig};
-use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::tokenizer::Tokenizer;
 use fornax_engine::EngineBackend;
@@ -151,14 +151,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let file = fornax::model_file::ModelFile::open(&path)?;
     let gguf = parse(&file)?;
     let tokenizer = Arc::new(tokenizer(&gguf)?);
-    run_on(
-        args.model.backend,
-        Serve {
-            args: &args,
-            gguf: &gguf,
-            tokenizer,
-            listener,
-            name,
-        },
-    )?
+    args.model.run_on(Serve {
+        args: &args,
+        gguf: &gguf,
+        tokenizer,
+        listener,
+        name,
+    })?
 }

@@ -33,9 +33,17 @@ impl<B: EngineBackend> Attention<B> {
         let head_dim = d_model / self.n_heads;
         let heads = |t: Tensor<B, 2>, n: usize| t.reshape([tokens, n, head_dim]).swap_dims(0, 1);
 
-        let q = rope.apply(heads(self.q.forward(x.clone()), self.n_heads), start);
-        let k = rope.apply(heads(self.k.forward(x.clone()), self.n_kv_heads), start);
-        let v = heads(self.v.forward(x), self.n_kv_heads);
+        let [q, k, v] = Linear::forward_many(x, [&self.q, &self.k, &self.v]);
+        let positions = Tensor::arange(start as i64..(start + tokens) as i64, &v.device());
+        let q = heads(
+            B::rope_rows(q, self.n_heads, positions.clone(), rope),
+            self.n_heads,
+        );
+        let k = heads(
+            B::rope_rows(k, self.n_kv_heads, positions, rope),
+            self.n_kv_heads,
+        );
+        let v = heads(v, self.n_kv_heads);
         let (k, v) = cache.append(layer, k, v);
         self.o.forward(attend(q, k, v, start))
     }
@@ -51,17 +59,9 @@ impl<B: EngineBackend> Attention<B> {
         layer: usize,
     ) -> Tensor<B, 2> {
         let [_, d_model] = x.dims();
-        let q = rope.apply_rows(
-            self.q.forward(x.clone()),
-            self.n_heads,
-            batch.positions.clone(),
-        );
-        let k = rope.apply_rows(
-            self.k.forward(x.clone()),
-            self.n_kv_heads,
-            batch.positions.clone(),
-        );
-        let v = self.v.forward(x);
+        let [q, k, v] = Linear::forward_many(x, [&self.q, &self.k, &self.v]);
+        let q = B::rope_rows(q, self.n_heads, batch.positions.clone(), rope);
+        let k = B::rope_rows(k, self.n_kv_heads, batch.positions.clone(), rope);
         kv.store.write(layer, batch.write_rows.clone(), k, v);
         let shape = AttentionShape {
             n_heads: self.n_heads,

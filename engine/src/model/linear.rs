@@ -38,7 +38,7 @@ impl<B: Backend> Linear<B> {
     pub fn device(&self) -> B::Device {
         match &self.weight {
             Weight::Dense(w) => w.device(),
-            Weight::Quant(q) => q.quants.device(),
+            Weight::Quant(q) => q.device(),
         }
     }
 
@@ -63,6 +63,24 @@ impl<B: QuantOps> Linear<B> {
             Weight::Dense(w) => x.matmul(w.clone()),
             Weight::Quant(q) => B::quant_matmul(x, q),
         }
+    }
+
+    /// Several layers applied to the same `x` (Q, K and V; gate and up): one pass over
+    /// the input where every weight is quantized, else one product each.
+    pub fn forward_many<const N: usize>(x: Tensor<B, 2>, layers: [&Self; N]) -> [Tensor<B, 2>; N] {
+        let quant: Option<Vec<&QuantMatrix<B>>> = layers
+            .iter()
+            .map(|l| match &l.weight {
+                Weight::Quant(q) => Some(q),
+                Weight::Dense(_) => None,
+            })
+            .collect();
+        let outs = match quant {
+            Some(ws) => B::quant_matmul_many(x, &ws),
+            None => layers.iter().map(|l| l.forward(x.clone())).collect(),
+        };
+        outs.try_into()
+            .unwrap_or_else(|_| unreachable!("one output per layer"))
     }
 
     /// Columns `ids` of `W` as rows `[ids, in]`: the embedding lookup of a table that is

@@ -27,7 +27,7 @@ struct Loader<'f, 'a, B: Backend> {
     quantized: bool,
 }
 
-impl<B: Backend> Loader<'_, '_, B> {
+impl<B: QuantOps> Loader<'_, '_, B> {
     /// Checks that `name` has row-major shape `dims` and counts it as loaded.
     fn check(&mut self, name: &str, dims: &[usize]) -> Result<(), ModelError> {
         let found = self.file.tensor(name)?.dims_row_major();
@@ -86,7 +86,10 @@ impl<B: Backend> Loader<'_, '_, B> {
         match packed {
             Some(packed) => {
                 self.check(name, &[out, inp])?;
-                Ok(Linear::quantized(QuantMatrix::upload(&packed, self.device)))
+                Ok(Linear::quantized(QuantMatrix::from_packed(
+                    packed,
+                    self.device,
+                )))
             }
             None => Ok(Linear::new(self.transposed(name, out, inp)?)),
         }

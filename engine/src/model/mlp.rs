@@ -1,7 +1,7 @@
 //! SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
 
 use crate::EngineBackend;
-use burn::tensor::{activation::silu, backend::Backend, Tensor};
+use burn::tensor::{backend::Backend, Tensor};
 
 use super::Linear;
 
@@ -16,7 +16,7 @@ pub struct Mlp<B: Backend> {
 impl<B: EngineBackend> Mlp<B> {
     /// Applies the layer to `[tokens, d_model]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let gated = silu(self.gate.forward(x.clone())).mul(self.up.forward(x));
-        self.down.forward(gated)
+        let [gate, up] = Linear::forward_many(x, [&self.gate, &self.up]);
+        self.down.forward(B::swiglu(gate, up))
     }
 }

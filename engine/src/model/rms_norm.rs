@@ -3,6 +3,8 @@
 use burn::module::{Module, Param};
 use burn::tensor::{backend::Backend, Tensor};
 
+use super::LayerOps;
+
 /// Root-mean-square layer norm over the last dimension.
 #[derive(Module, Debug)]
 pub struct RmsNorm<B: Backend> {
@@ -20,15 +22,11 @@ impl<B: Backend> RmsNorm<B> {
             eps,
         }
     }
+}
 
+impl<B: LayerOps> RmsNorm<B> {
     /// Normalises `x` of shape `[tokens, d]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let rms = x
-            .clone()
-            .powi_scalar(2)
-            .mean_dim(1)
-            .add_scalar(self.eps)
-            .sqrt();
-        x.div(rms).mul(self.weight.val().unsqueeze())
+        B::rms_norm(x, self.weight.val(), self.eps)
     }
 }

@@ -1,13 +1,17 @@
 //! Rotary position embedding in GGUF's layout: rotated pairs are adjacent dimensions
 //! (2i, 2i+1), because llama.cpp's converter permutes the Q and K weights for it.
 
+use std::sync::Arc;
+
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
-/// Precomputed cos/sin tables for every position of the context.
+/// Precomputed cos/sin tables for every position of the context, on the device and (for
+/// the CPU backend's in-place RoPE) on the host.
 #[derive(Debug, Clone)]
 pub struct Rope<B: Backend> {
     cos: Tensor<B, 2>,
     sin: Tensor<B, 2>,
+    host: Arc<(Vec<f32>, Vec<f32>)>,
 }
 
 impl<B: Backend> Rope<B> {
@@ -24,28 +28,18 @@ impl<B: Backend> Rope<B> {
                 sin.push(angle.sin() as f32);
             }
         }
-        let table = |v| Tensor::from_data(TensorData::new(v, [max_len, half]), device);
+        let table =
+            |v: &Vec<f32>| Tensor::from_data(TensorData::new(v.clone(), [max_len, half]), device);
         Self {
-            cos: table(cos),
-            sin: table(sin),
+            cos: table(&cos),
+            sin: table(&sin),
+            host: Arc::new((cos, sin)),
         }
     }
 
-    /// Rotates `x` of shape `[heads, tokens, head_dim]` whose first token is at `start`.
-    pub fn apply(&self, x: Tensor<B, 3>, start: usize) -> Tensor<B, 3> {
-        let [heads, tokens, head_dim] = x.dims();
-        let half = head_dim / 2;
-        let table = |t: &Tensor<B, 2>| {
-            t.clone()
-                .narrow(0, start, tokens)
-                .reshape([1, tokens, half, 1])
-        };
-        rotate(
-            x.reshape([heads, tokens, half, 2]),
-            table(&self.cos),
-            table(&self.sin),
-        )
-        .reshape([heads, tokens, head_dim])
+    /// The cos and sin tables on the host, `head_dim / 2` angles per position.
+    pub fn host_tables(&self) -> (&[f32], &[f32]) {
+        (&self.host.0, &self.host.1)
     }
 
     /// Rotates `x` of shape `[rows, heads * head_dim]` whose row `r` is at `positions[r]`.

@@ -1,7 +1,7 @@
 //! Layer tests on a small random model (CPU backend).
 
 use burn::backend::NdArray;
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn::tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
 
 use super::*;
 use crate::gguf::{GgufFile, GgufWriter, Value};
@@ -89,15 +89,19 @@ fn rms_norm_matches_formula() {
 fn rope_rotates_adjacent_pairs() {
     let device = Default::default();
     let rope = Rope::<B>::new(4, 8, 100.0, &device);
-    let x = Tensor::<B, 3>::from_data(
-        TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [1, 1, 4]),
+    let x = Tensor::<B, 2>::from_data(
+        TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [1, 4]),
         &device,
     );
-    let y = logits_to_vec(rope.apply(x, 3).reshape([1, 4]));
-    // Pair 0 turns by 3 rad, pair 1 by 3 * 100^(-1/2) rad.
+    let at = || Tensor::<B, 1, Int>::from_data(TensorData::new(vec![3i64], [1]), &device);
+    // Pair 0 turns by 3 rad, pair 1 by 3 * 100^(-1/2) rad: burn's operations and the CPU
+    // backend's in-place RoPE alike.
     let a1 = 3.0f32 * 0.1;
     let want = [3.0f32.cos(), 3.0f32.sin(), a1.cos(), a1.sin()];
-    assert!(max_diff(&y, &want) < 1e-5, "{y:?}");
+    let burn_ops = logits_to_vec(rope.apply_rows(x.clone(), 1, at()));
+    let in_place = logits_to_vec(B::rope_rows(x, 1, at(), &rope));
+    assert!(max_diff(&burn_ops, &want) < 1e-5, "{burn_ops:?}");
+    assert!(max_diff(&in_place, &want) < 1e-5, "{in_place:?}");
 }
 
 #[test]
@@ -263,4 +267,26 @@ fn paged_batch_out_of_blocks_is_an_error_not_a_panic() {
     );
     assert_eq!(kv.len(a).unwrap(), 0);
     assert_eq!(kv.stats().blocks_used, 0);
+}
+
+/// The CPU backend's in-place RMSNorm and SwiGLU gate against burn's operations, on odd
+/// sizes with values of both signs.
+#[test]
+fn in_place_layer_ops_match_burn_operations() {
+    let device = Default::default();
+    let values = |n: usize, seed: f32| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i as f32 * 0.37 + seed).sin() * 3.0))
+            .collect()
+    };
+    let (rows, d) = (3, 37);
+    let x = Tensor::<B, 2>::from_data(TensorData::new(values(rows * d, 0.1), [rows, d]), &device);
+    let w = Tensor::<B, 1>::from_data(TensorData::new(values(d, 0.7), [d]), &device);
+    let ours = logits_to_vec(B::rms_norm(x.clone(), w.clone(), 1e-5));
+    let burn_ops = logits_to_vec(reference_rms_norm(x.clone(), w, 1e-5));
+    assert!(max_diff(&ours, &burn_ops) < 1e-5, "rms_norm");
+    let up = Tensor::<B, 2>::from_data(TensorData::new(values(rows * d, 2.0), [rows, d]), &device);
+    let ours = logits_to_vec(B::swiglu(x.clone(), up.clone()));
+    let burn_ops = logits_to_vec(silu(x).mul(up));
+    assert!(max_diff(&ours, &burn_ops) < 1e-5, "swiglu");
 }

@@ -1,12 +1,30 @@
-//! A block-quantized matrix held on the device.
+//! A block-quantized matrix where the backend's kernels read it.
+
+use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
-use super::PackedMatrix;
+use super::{PackedMatrix, QuantOps};
 use crate::gguf::GgmlType;
 
-/// A `[rows, cols]` block-quantized matrix on the device: the packed word arrays as
-/// 32-bit integer tensors, nothing else (no FP32 copy).
+/// Where a [`QuantMatrix`]'s words live.
+#[derive(Debug, Clone)]
+pub enum QuantStore<B: Backend> {
+    /// On the device as 32-bit integer tensors (the CubeCL kernels).
+    Device {
+        /// Code words.
+        quants: Tensor<B, 1, Int>,
+        /// Scale words.
+        scales: Tensor<B, 1, Int>,
+    },
+    /// In host memory as packed (the CPU kernels): shared, never copied.
+    Host {
+        packed: Arc<PackedMatrix>,
+        device: B::Device,
+    },
+}
+
+/// A `[rows, cols]` block-quantized matrix: the packed words, nothing else (no FP32 copy).
 #[derive(Debug, Clone)]
 pub struct QuantMatrix<B: Backend> {
     /// The GGUF block type.
@@ -15,10 +33,8 @@ pub struct QuantMatrix<B: Backend> {
     pub rows: usize,
     /// Values per row.
     pub cols: usize,
-    /// Code words.
-    pub quants: Tensor<B, 1, Int>,
-    /// Scale words.
-    pub scales: Tensor<B, 1, Int>,
+    /// The words.
+    pub store: QuantStore<B>,
 }
 
 fn words<B: Backend>(words: &[u32], device: &B::Device) -> Tensor<B, 1, Int> {
@@ -26,20 +42,66 @@ fn words<B: Backend>(words: &[u32], device: &B::Device) -> Tensor<B, 1, Int> {
     Tensor::from_data(TensorData::new(bits, [words.len()]), device)
 }
 
-impl<B: Backend> QuantMatrix<B> {
-    /// Uploads a packed matrix.
+impl<B: QuantOps> QuantMatrix<B> {
+    /// Places a packed matrix where `B`'s kernels read it ([`QuantOps::quant_on_host`]).
     pub fn upload(packed: &PackedMatrix, device: &B::Device) -> Self {
+        Self::from_packed(packed.clone(), device)
+    }
+
+    /// As [`QuantMatrix::upload`], keeping `packed` itself when the words stay on the host.
+    pub fn from_packed(packed: PackedMatrix, device: &B::Device) -> Self {
+        let (ggml_type, rows, cols) = (packed.ggml_type, packed.rows, packed.cols);
+        let store = if B::quant_on_host() {
+            QuantStore::Host {
+                packed: Arc::new(packed),
+                device: device.clone(),
+            }
+        } else {
+            QuantStore::Device {
+                quants: words(&packed.quants, device),
+                scales: words(&packed.scales, device),
+            }
+        };
         Self {
-            ggml_type: packed.ggml_type,
-            rows: packed.rows,
-            cols: packed.cols,
-            quants: words(&packed.quants, device),
-            scales: words(&packed.scales, device),
+            ggml_type,
+            rows,
+            cols,
+            store,
+        }
+    }
+}
+
+impl<B: Backend> QuantMatrix<B> {
+    /// The words on the device (code words, scale words); `None` when held on the host.
+    pub fn device_words(&self) -> Option<(&Tensor<B, 1, Int>, &Tensor<B, 1, Int>)> {
+        match &self.store {
+            QuantStore::Device { quants, scales } => Some((quants, scales)),
+            QuantStore::Host { .. } => None,
         }
     }
 
-    /// Reads the words back to the host.
+    /// The packed words in host memory; `None` when held on the device.
+    pub fn host(&self) -> Option<&PackedMatrix> {
+        match &self.store {
+            QuantStore::Host { packed, .. } => Some(packed),
+            QuantStore::Device { .. } => None,
+        }
+    }
+
+    /// The device the matrix belongs to.
+    pub fn device(&self) -> B::Device {
+        match &self.store {
+            QuantStore::Device { quants, .. } => quants.device(),
+            QuantStore::Host { device, .. } => device.clone(),
+        }
+    }
+
+    /// The packed words, read back from the device if they live there.
     pub fn download(&self) -> PackedMatrix {
+        let (quants, scales) = match &self.store {
+            QuantStore::Host { packed, .. } => return packed.as_ref().clone(),
+            QuantStore::Device { quants, scales } => (quants, scales),
+        };
         let host = |t: &Tensor<B, 1, Int>| -> Vec<u32> {
             let data = t.to_data().convert::<i32>();
             data.iter::<i32>().map(|w| w as u32).collect()
@@ -48,13 +110,16 @@ impl<B: Backend> QuantMatrix<B> {
             ggml_type: self.ggml_type,
             rows: self.rows,
             cols: self.cols,
-            quants: host(&self.quants),
-            scales: host(&self.scales),
+            quants: host(quants),
+            scales: host(scales),
         }
     }
 
-    /// Bytes the words take on a device with 32-bit integers.
+    /// Bytes the words take (on a device with 32-bit integers, or in host memory).
     pub fn bytes(&self) -> usize {
-        4 * (self.quants.dims()[0] + self.scales.dims()[0])
+        match &self.store {
+            QuantStore::Device { quants, scales } => 4 * (quants.dims()[0] + scales.dims()[0]),
+            QuantStore::Host { packed, .. } => packed.bytes(),
+        }
     }
 }

@@ -1,6 +1,7 @@
-//! Block-quantized weights (GGUF Q4_0, Q4_1, Q8_0) kept quantized on the device, and the
-//! matrix products over them: our CubeCL kernels on burn's CubeCL backends, a
-//! dequantize-then-matmul reference elsewhere.
+//! Block-quantized weights (GGUF Q4_0, Q4_1, Q8_0) kept quantized, and the matrix
+//! products over them: our CubeCL kernels on burn's CubeCL backends (words on the device),
+//! our SIMD kernels (`fornax-cpu`) on the CPU backend (words in host memory), a
+//! dequantize-then-matmul reference for everything else.
 
 mod matrix;
 mod ops;
@@ -8,6 +9,6 @@ mod packed;
 #[cfg(test)]
 mod tests;
 
-pub use matrix::QuantMatrix;
+pub use matrix::{QuantMatrix, QuantStore};
 pub use ops::QuantOps;
 pub use packed::{format_code, PackedMatrix};

@@ -1,5 +1,6 @@
 //! Products with quantized weights as a backend operation: our CubeCL kernels on burn's
-//! CubeCL backends (wgpu, CUDA), dequantize-then-matmul elsewhere.
+//! CubeCL backends (wgpu, CUDA), our SIMD kernels on the CPU backend (burn-ndarray),
+//! dequantize-then-matmul elsewhere.
 
 use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
 use burn::tensor::TensorPrimitive;
@@ -8,7 +9,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use fornax_shaders::quant_launch::{self, QuantTensors};
 use fornax_shaders::quant_matmul::MATVEC_MAX_TOKENS;
 
-use super::QuantMatrix;
+use super::{PackedMatrix, QuantMatrix};
 
 /// Backends that can multiply by block-quantized weights.
 pub trait QuantOps: Backend {
@@ -18,9 +19,22 @@ pub trait QuantOps: Backend {
         false
     }
 
+    /// Whether quantized words stay in host memory (CPU kernels) rather than on the device.
+    fn quant_on_host() -> bool {
+        false
+    }
+
     /// `x @ W^T` for `x` `[tokens, w.cols]`: `[tokens, w.rows]`.
     fn quant_matmul(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
         reference_matmul(x, w)
+    }
+
+    /// `x @ W_i^T` for several weights over the same `x` (Q, K and V; gate and up): one
+    /// product each here, one pass sharing the input where the backend can.
+    fn quant_matmul_many(x: Tensor<Self, 2>, ws: &[&QuantMatrix<Self>]) -> Vec<Tensor<Self, 2>> {
+        ws.iter()
+            .map(|w| Self::quant_matmul(x.clone(), w))
+            .collect()
     }
 
     /// Rows `ids` of `W`: `[ids, w.cols]`.
@@ -42,10 +56,7 @@ pub fn reference_rows<B: Backend>(ids: Tensor<B, 1, Int>, w: &QuantMatrix<B>) ->
 /// The reference: `W` read back, dequantized on the host and uploaded as FP32.
 pub fn dequantized<B: Backend>(w: &QuantMatrix<B>) -> Tensor<B, 2> {
     let values = w.download().dequantize();
-    Tensor::from_data(
-        TensorData::new(values, [w.rows, w.cols]),
-        &w.quants.device(),
-    )
+    Tensor::from_data(TensorData::new(values, [w.rows, w.cols]), &w.device())
 }
 
 /// Rows dequantized per step of [`by_dequantized_rows`]: 18.9 MB of FP32 at 576 columns.
@@ -74,6 +85,50 @@ where
     Q: burn::backend::ndarray::QuantElement,
     NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
 {
+    fn has_quant_kernels() -> bool {
+        // The kernels read and write FP32.
+        FloatElem::<Self>::dtype() == DType::F32
+    }
+
+    fn quant_on_host() -> bool {
+        Self::has_quant_kernels()
+    }
+
+    fn quant_matmul(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
+        Self::quant_matmul_many(x, &[w]).pop().expect("one product")
+    }
+
+    fn quant_matmul_many(x: Tensor<Self, 2>, ws: &[&QuantMatrix<Self>]) -> Vec<Tensor<Self, 2>> {
+        let packed: Option<Vec<&PackedMatrix>> = ws.iter().map(|w| w.host()).collect();
+        let Some(packed) = packed.filter(|_| Self::has_quant_kernels()) else {
+            return ws.iter().map(|w| reference_matmul(x.clone(), w)).collect();
+        };
+        let device = x.device();
+        let [tokens, cols] = x.dims();
+        let x: Vec<f32> = x.into_data().into_vec().expect("FP32 activations");
+        let acts = fornax_cpu::Q8Activations::quantize(&x, tokens, cols);
+        let views: Vec<_> = packed.iter().map(|p| p.cpu_view()).collect();
+        fornax_cpu::matmul_many(&views, &acts, fornax_cpu::SimdLevel::best())
+            .into_iter()
+            .zip(ws)
+            .map(|(out, w)| Tensor::from_data(TensorData::new(out, [tokens, w.rows]), &device))
+            .collect()
+    }
+
+    fn quant_rows(ids: Tensor<Self, 1, Int>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
+        let Some(packed) = w.host().filter(|_| Self::has_quant_kernels()) else {
+            return reference_rows(ids, w);
+        };
+        let device = ids.device();
+        let ids: Vec<usize> = ids
+            .into_data()
+            .convert::<i64>()
+            .iter::<i64>()
+            .map(|i| i as usize)
+            .collect();
+        let out = packed.cpu_view().gather_rows(&ids);
+        Tensor::from_data(TensorData::new(out, [ids.len(), w.cols]), &device)
+    }
 }
 
 fn tensors<R, F, I, BT>(w: &QuantMatrix<CubeBackend<R, F, I, BT>>) -> QuantTensors<R>
@@ -83,9 +138,12 @@ where
     I: IntElement,
     BT: BoolElement,
 {
+    let (quants, scales) = w
+        .device_words()
+        .expect("CubeCL backends keep quantized words on the device");
     QuantTensors {
-        quants: w.quants.clone().into_primitive(),
-        scales: w.scales.clone().into_primitive(),
+        quants: quants.clone().into_primitive(),
+        scales: scales.clone().into_primitive(),
         format: super::packed::format_code(w.ggml_type).expect("quantized type"),
         rows: w.rows,
         cols: w.cols,

@@ -80,6 +80,23 @@ impl PackedMatrix {
         format_code(self.ggml_type).expect("packed matrices have a kernel format")
     }
 
+    /// The CPU kernels' view of the same words.
+    pub fn cpu_view(&self) -> fornax_cpu::QuantWeights<'_> {
+        let format = match self.ggml_type {
+            GgmlType::Q4_0 => fornax_cpu::QuantFormat::Q4_0,
+            GgmlType::Q4_1 => fornax_cpu::QuantFormat::Q4_1,
+            _ => fornax_cpu::QuantFormat::Q8_0,
+        };
+        fornax_cpu::QuantWeights::new(
+            format,
+            self.rows,
+            self.cols,
+            cast_slice(&self.quants),
+            cast_slice(&self.scales),
+        )
+        .expect("packed matrices hold whole blocks of their shape")
+    }
+
     /// Bytes of the two word arrays.
     pub fn bytes(&self) -> usize {
         4 * (self.quants.len() + self.scales.len())

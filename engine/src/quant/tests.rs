@@ -1,4 +1,6 @@
+use fornax_cpu::{Q8Activations, SimdLevel};
 use half::f16;
+use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use super::{PackedMatrix, QuantMatrix, QuantOps};
 use crate::gguf::GgmlType;
@@ -62,4 +64,112 @@ fn reference_path_multiplies_by_the_dequantized_matrix() {
     let ids = Tensor::<Cpu, 1, Int>::from_data(TensorData::new(vec![2i64], [1]), &device);
     let row: Vec<f32> = Cpu::quant_rows(ids, &w).into_data().to_vec().unwrap();
     assert_eq!(row, values[64..96]);
+}
+
+/// `rows * cols / 32` random GGUF blocks of `ty`: scales of either sign over a few
+/// octaves, every code value.
+fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut impl Rng) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for _ in 0..rows * cols / 32 {
+        let d = rng.random_range(-0.05f32..0.05);
+        bytes.extend(f16::from_f32(d).to_le_bytes());
+        if ty == GgmlType::Q4_1 {
+            bytes.extend(f16::from_f32(rng.random_range(-0.3f32..0.3)).to_le_bytes());
+        }
+        let codes = if ty == GgmlType::Q8_0 { 32 } else { 16 };
+        bytes.extend((0..codes).map(|_| rng.random::<u8>()));
+    }
+    bytes
+}
+
+/// The CPU kernels at every SIMD level this machine has (and the portable one), on random
+/// blocks of each format and odd shapes, against the GGUF reader's dequantization:
+/// - with the activations the kernels multiply (8-bit, `Q8Activations::dequantize`), equal
+///   up to FP32 rounding;
+/// - with the FP32 activations, within the activations' rounding: at most half a step
+///   `d_x / 2` per value, times `|w|`.
+#[test]
+fn cpu_kernels_match_the_gguf_dequantization_at_every_simd_level() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let levels = SimdLevel::available();
+    assert!(levels.contains(&SimdLevel::Portable));
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        for (rows, cols, tokens) in [(1, 32, 1), (37, 96, 3), (70, 160, 9), (19, 576, 4)] {
+            let bytes = random_blocks(ty, rows, cols, &mut rng);
+            let mut w = vec![0.0f32; rows * cols];
+            ty.dequantize(&bytes, &mut w);
+            let packed = PackedMatrix::pack(ty, &bytes, rows, cols).unwrap();
+            let x: Vec<f32> = (0..tokens * cols)
+                .map(|_| rng.random_range(-2.0f32..2.0))
+                .collect();
+            let acts = Q8Activations::quantize(&x, tokens, cols);
+            let xq = acts.dequantize();
+            for &level in &levels {
+                let got = packed.cpu_view().matmul_q8(&acts, level);
+                assert_eq!(got.len(), tokens * rows);
+                for t in 0..tokens {
+                    for r in 0..rows {
+                        let wr = &w[r * cols..(r + 1) * cols];
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let xqt = &xq[t * cols..(t + 1) * cols];
+                        let exact: f64 = wr.iter().zip(xqt).map(|(&a, &b)| f64::from(a * b)).sum();
+                        let magnitude: f64 = wr
+                            .iter()
+                            .zip(xqt)
+                            .map(|(&a, &b)| f64::from((a * b).abs()))
+                            .sum();
+                        let g = f64::from(got[t * rows + r]);
+                        let at =
+                            format!("{ty:?} {} [{rows}x{cols}] token {t} row {r}", level.name());
+                        assert!(
+                            (g - exact).abs() <= 1e-5 * magnitude + 1e-6,
+                            "{at}: {g} vs {exact}"
+                        );
+                        let fp32: f64 = wr.iter().zip(xt).map(|(&a, &b)| f64::from(a * b)).sum();
+                        let bound: f64 = wr
+                            .chunks_exact(32)
+                            .zip(xt.chunks_exact(32))
+                            .map(|(wb, xb)| {
+                                let step = xb.iter().fold(0.0f32, |a, v| a.max(v.abs())) / 127.0;
+                                wb.iter()
+                                    .map(|v| f64::from(v.abs() * step / 2.0))
+                                    .sum::<f64>()
+                            })
+                            .sum();
+                        assert!(
+                            (g - fp32).abs() <= bound * 1.001 + 1e-5,
+                            "{at}: {g} vs FP32 {fp32}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The CPU backend keeps quantized words in host memory, the file's size, and its
+/// `quant_matmul` is the kernels' product.
+#[test]
+fn cpu_backend_keeps_blocks_on_the_host_and_multiplies_with_the_kernels() {
+    type Cpu = NdArray<f32>;
+    let device = Default::default();
+    let mut rng = StdRng::seed_from_u64(11);
+    let (rows, cols) = (45, 128);
+    let bytes = random_blocks(GgmlType::Q4_1, rows, cols, &mut rng);
+    let packed = PackedMatrix::pack(GgmlType::Q4_1, &bytes, rows, cols).unwrap();
+    let w = QuantMatrix::<Cpu>::upload(&packed, &device);
+    assert!(Cpu::has_quant_kernels() && w.host().is_some() && w.device_words().is_none());
+    assert_eq!(w.bytes(), bytes.len());
+    let x: Vec<f32> = (0..2 * cols)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let xt = Tensor::<Cpu, 2>::from_data(TensorData::new(x.clone(), [2, cols]), &device);
+    let got: Vec<f32> = Cpu::quant_matmul(xt.clone(), &w)
+        .into_data()
+        .to_vec()
+        .unwrap();
+    let want = packed
+        .cpu_view()
+        .matmul_q8(&Q8Activations::quantize(&x, 2, cols), SimdLevel::best());
+    assert_eq!(got, want);
 }

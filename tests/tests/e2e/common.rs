@@ -7,7 +7,7 @@ use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard
 use fornax::model_file::ModelFile;
 use fornax_backends::{BackendError, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::{LlamaModel, Logits};
+use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
 use fornax_engine::sampling::argmax;
 use fornax_engine::score::{perplexity, token_logprobs};
 use fornax_engine::seq_cache::SeqCache;
@@ -145,7 +145,20 @@ pub const MIN_MARGIN: f32 = 0.05;
 /// Allowed relative perplexity difference from the float reference.
 pub const PPL_TOLERANCE: f64 = 0.005;
 
-impl BackendTask for Check {
+/// A greedy divergence on a path with 8-bit activations (the CPU kernels, as llama.cpp's)
+/// is allowed only where the reference's top-2 margin is below this.
+pub const Q8_MIN_MARGIN: f32 = 0.25;
+
+/// A check with the model loaded by `options`, greedy divergences allowed below
+/// `min_margin`.
+#[derive(Debug, Clone, Copy)]
+struct CheckTask {
+    check: Check,
+    options: LoadOptions,
+    min_margin: f32,
+}
+
+impl BackendTask for CheckTask {
     type Output = Result<String, String>;
 
     fn run<B: fornax_engine::EngineBackend>(
@@ -154,12 +167,16 @@ impl BackendTask for Check {
         info: DeviceInfo,
     ) -> Self::Output {
         let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {})
+        let model = LlamaModel::<B>::from_gguf_with(&gguf, &device, self.options, &mut |_, _| {})
             .map_err(|e| e.to_string())?;
+        let quantized = model.matrices().filter(|m| m.is_quantized()).count();
         let prompts: Prompts = read_reference("prompts.json");
-        let mut report = format!("[{} on {}]\n", info.kind, info.adapter);
+        let mut report = format!(
+            "[{} on {}, {quantized} quantized matrices]\n",
+            info.kind, info.adapter
+        );
         let mut failures = Vec::new();
-        match self {
+        match self.check {
             Check::Logits => {
                 for case in &prompts.prompts {
                     let logits = prefill(&model, &case.prompt_ids, &mut model.new_cache(), 256)
@@ -189,7 +206,7 @@ impl BackendTask for Check {
                     };
                     let ours = generate(&model, &case.prompt_ids, &params, |_| true)
                         .map_err(|e| e.to_string())?;
-                    match check_greedy(&ours, &case.float_reference, MIN_MARGIN) {
+                    match check_greedy(&ours, &case.float_reference, self.min_margin) {
                         Ok(n) => {
                             report += &format!(
                                 "{:?}: {n}/32 greedy tokens equal the reference\n",
@@ -230,25 +247,38 @@ impl BackendTask for Check {
 }
 
 /// Per-token log-probabilities of the first `n` tokens of the reference perplexity text
-/// (`perplexity.json`), scored 256 tokens per forward pass.
+/// (`perplexity.json`), scored 256 tokens per forward pass, the model loaded by the options.
 #[derive(Debug, Clone, Copy)]
-pub struct PrefixLogprobs(pub usize);
+pub struct PrefixLogprobs(pub usize, pub LoadOptions);
 
 impl BackendTask for PrefixLogprobs {
     type Output = Vec<f32>;
 
     fn run<B: fornax_engine::EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Vec<f32> {
         let gguf = GgufFile::parse(model_file().bytes()).expect("model");
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).expect("model");
+        let model =
+            LlamaModel::<B>::from_gguf_with(&gguf, &device, self.1, &mut |_, _| {}).expect("model");
         let reference: Perplexity = read_reference("perplexity.json");
         let ids = &reference.ids[..self.0.min(reference.ids.len())];
         token_logprobs(&model, ids, 256).expect("scores")
     }
 }
 
-/// Runs one check on a backend and panics with the report if it fails.
+/// Runs one check on a backend (weights loaded as the backend keeps them by default) and
+/// panics with the report if it fails.
 pub fn run_check(kind: BackendKind, check: Check) {
-    match run_on(kind, check).expect("backend available") {
+    run_check_with(kind, check, LoadOptions::default(), MIN_MARGIN);
+}
+
+/// Runs one check with the model loaded by `options`, greedy divergences allowed where
+/// the reference's top-2 margin is below `min_margin`; panics with the report on failure.
+pub fn run_check_with(kind: BackendKind, check: Check, options: LoadOptions, min_margin: f32) {
+    let task = CheckTask {
+        check,
+        options,
+        min_margin,
+    };
+    match run_on(kind, task).expect("backend available") {
         Ok(report) => eprintln!("{report}"),
         Err(report) => panic!("{check:?} failed\n{report}"),
     }

@@ -69,20 +69,20 @@ fn largest_weight_follows_what_the_backend_keeps_quantized() {
     let embd = file.tensor("token_embd.weight").unwrap();
     let fp32 = 4 * 49152 * 576;
 
-    // The CPU backend has no quantized kernels: everything is FP32.
-    let cpu = LlamaModel::<CpuBackend>::largest_weight(&file, LoadOptions::default()).unwrap();
-    assert_eq!(cpu, ("token_embd.weight".to_string(), fp32));
-
-    // wgpu keeps the blocks: the embedding (Q8_0 in this file) takes its file size, 34
-    // bytes per 32 values.
+    // wgpu and the CPU backend keep the blocks: the embedding (Q8_0 in this file) takes
+    // its file size, 34 bytes per 32 values.
     let quant = LoadOptions::default();
     let wgpu = LlamaModel::<WgpuBackend>::largest_weight(&file, quant).unwrap();
     assert_eq!(wgpu, ("token_embd.weight".to_string(), embd.size));
+    let cpu = LlamaModel::<CpuBackend>::largest_weight(&file, quant).unwrap();
+    assert_eq!(cpu, ("token_embd.weight".to_string(), embd.size));
     assert_eq!(format!("{:?}", embd.ggml_type), "Q8_0");
     assert_eq!(embd.size, 49152 * 576 / 32 * 34);
 
-    // --dequantize on wgpu is FP32 again.
+    // --dequantize is FP32 again.
     let dequantize = LoadOptions { dequantize: true };
     let wgpu_f32 = LlamaModel::<WgpuBackend>::largest_weight(&file, dequantize).unwrap();
     assert_eq!(wgpu_f32.1, fp32);
+    let cpu_f32 = LlamaModel::<CpuBackend>::largest_weight(&file, dequantize).unwrap();
+    assert_eq!(cpu_f32.1, fp32);
 }

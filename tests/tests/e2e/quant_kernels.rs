@@ -82,8 +82,8 @@ fn check(c: &Case, tokens: usize, shape: Option<MatvecShape>) -> f32 {
     let w = Tensor::<B, 2>::from_data(TensorData::new(c.values.clone(), [c.rows, c.cols]), &device);
     let reference = host(x.clone().matmul(w.transpose()));
     let tensors = QuantTensors {
-        quants: c.weight.quants.clone().into_primitive(),
-        scales: c.weight.scales.clone().into_primitive(),
+        quants: c.weight.device_words().unwrap().0.clone().into_primitive(),
+        scales: c.weight.device_words().unwrap().1.clone().into_primitive(),
         format: format_code(c.ty).unwrap(),
         rows: c.rows,
         cols: c.cols,

@@ -16,13 +16,20 @@ fn greedy_tokens_match_float_reference() {
 
 /// Scoring 2,212 tokens takes lavapipe about nine minutes, so CI scores the first 512
 /// (two chunks of 256, the second attending across the first) and compares every token
-/// with the CPU backend, whose full-text perplexity `reference_cpu` checks against the
+/// with the CPU backend on FP32 weights (the same values as wgpu's quantized weights, both
+/// multiplied in FP32), whose full-text perplexity `reference_cpu` checks against the
 /// float reference. `FORNAX_FULL_PPL=1` also runs the full-text check here.
 #[test]
 fn perplexity_matches_cpu_backend_token_by_token() {
+    use fornax_engine::model::LoadOptions;
     const TOKENS: usize = 512;
-    let cpu = run_on(BackendKind::Cpu, PrefixLogprobs(TOKENS)).unwrap();
-    let gpu = run_on(BackendKind::Wgpu, PrefixLogprobs(TOKENS)).expect("a wgpu adapter");
+    let dequantized = LoadOptions { dequantize: true };
+    let cpu = run_on(BackendKind::Cpu, PrefixLogprobs(TOKENS, dequantized)).unwrap();
+    let gpu = run_on(
+        BackendKind::Wgpu,
+        PrefixLogprobs(TOKENS, LoadOptions::default()),
+    )
+    .expect("a wgpu adapter");
     assert_eq!(gpu.len(), TOKENS - 1);
     let worst = cpu
         .iter()

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{BlockPool, KvCapacity, KvDims, Tier, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{LlamaModel, Logits, SeqTokens};
@@ -250,12 +250,9 @@ pub fn run(args: KvBenchArgs) -> Result<()> {
         text.len() > args.prompt_tokens,
         "the text is shorter than --prompt-tokens"
     );
-    run_on(
-        args.model.backend,
-        KvBench {
-            args: &args,
-            gguf: &gguf,
-            text,
-        },
-    )?
+    args.model.run_on(KvBench {
+        args: &args,
+        gguf: &gguf,
+        text,
+    })?
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::KvStats;
 use fornax_engine::model::LlamaModel;
@@ -379,11 +379,8 @@ pub(super) fn read_text(path: &std::path::Path, gguf: &GgufFile<'_>) -> Result<V
 pub fn run(args: LoadArgs) -> Result<()> {
     let file = args.model.open()?;
     let gguf = parse(&file)?;
-    run_on(
-        args.model.backend,
-        LoadBench {
-            args: &args,
-            gguf: &gguf,
-        },
-    )?
+    args.model.run_on(LoadBench {
+        args: &args,
+        gguf: &gguf,
+    })?
 }

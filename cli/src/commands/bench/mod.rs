@@ -1,5 +1,6 @@
 //! `fornax bench`: measured figures printed side by side, never pass/fail.
 
+mod case;
 mod kv;
 mod load;
 mod prefix;
@@ -8,11 +9,14 @@ mod window;
 
 use anyhow::Result;
 use clap::Subcommand;
+use fornax_engine::tokenizer::Tokenizer;
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
     /// One sequence: prefill and decode tokens/s (median of several runs).
     Single(single::SingleArgs),
+    /// One case (prefill, batched decode) as a JSON line, for scripts comparing engines.
+    Case(case::CaseArgs),
     /// The paged KV cache: bytes per token, perplexity and decode speed for each tier policy.
     Kv(kv::KvBenchArgs),
     /// Open-loop load: one at a time vs static batches vs continuous batching.
@@ -26,6 +30,7 @@ pub enum BenchCommand {
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Single(args) => single::run(args),
+        BenchCommand::Case(args) => case::run(args),
         BenchCommand::Kv(args) => kv::run(args),
         BenchCommand::Load(args) => load::run(args),
         BenchCommand::Prefix(args) => prefix::run(args),
@@ -37,4 +42,11 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// A prompt of `tokens` tokens cut from real text (the same for every bench and engine).
+fn text_prompt(tok: &Tokenizer, tokens: usize) -> Result<Vec<u32>> {
+    let text = "The history of computing is a story of abstractions built on abstractions. "
+        .repeat(tokens);
+    Ok(tok.encode(&text, false)?.into_iter().take(tokens).collect())
 }

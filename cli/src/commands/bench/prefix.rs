@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::LlamaModel;
 use fornax_engine::sampling::SamplingParams;
@@ -286,11 +286,8 @@ impl BackendTask for PrefixBench<'_> {
 pub fn run(args: PrefixArgs) -> Result<()> {
     let file = args.model.open()?;
     let gguf = parse(&file).context("model")?;
-    run_on(
-        args.model.backend,
-        PrefixBench {
-            args: &args,
-            gguf: &gguf,
-        },
-    )?
+    args.model.run_on(PrefixBench {
+        args: &args,
+        gguf: &gguf,
+    })?
 }

@@ -5,14 +5,14 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
-use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
 use fornax_engine::tokenizer::Tokenizer;
 use fornax_engine::{logits_to_vec, prefill, EngineBackend};
 
 use super::super::{load_model, parse, tokenizer, ModelArgs};
-use super::median;
+use super::{median, text_prompt};
 
 #[derive(Args, Debug)]
 pub struct SingleArgs {
@@ -51,15 +51,7 @@ struct PathFigures {
 
 impl Single<'_> {
     fn prompt(&self) -> Result<Vec<u32>> {
-        // A prompt of the requested length cut from real text.
-        let text = "The history of computing is a story of abstractions built on abstractions. "
-            .repeat(self.args.prompt_tokens);
-        Ok(self
-            .tok
-            .encode(&text, false)?
-            .into_iter()
-            .take(self.args.prompt_tokens)
-            .collect())
+        text_prompt(self.tok, self.args.prompt_tokens)
     }
 
     fn measure<B: EngineBackend>(
@@ -174,13 +166,10 @@ pub fn run(args: SingleArgs) -> Result<()> {
     let file = args.model.open()?;
     let gguf = parse(&file)?;
     let tok = tokenizer(&gguf)?;
-    run_on(
-        args.model.backend,
-        Single {
-            args: &args,
-            gguf: &gguf,
-            tok: &tok,
-            file_bytes: file.bytes().len(),
-        },
-    )?
+    args.model.run_on(Single {
+        args: &args,
+        gguf: &gguf,
+        tok: &tok,
+        file_bytes: file.bytes().len(),
+    })?
 }

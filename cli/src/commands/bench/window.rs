@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::Args;
-use fornax_backends::{run_on, BackendTask, DeviceInfo};
+use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::kv::KvCapacity;
 use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
@@ -147,5 +147,5 @@ pub fn run(args: WindowBenchArgs) -> Result<()> {
             gguf: &gguf,
         },
     };
-    run_on(args.load.model.backend, task)?
+    args.load.model.run_on(task)?
 }

@@ -1,0 +1,47 @@
+//! The SIMD level of the integer dot products, detected at run time.
+
+/// Instruction sets the kernels are written for, slowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SimdLevel {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// x86-64 AVX2 with FMA and F16C (`vpmaddubsw`).
+    Avx2,
+    /// x86-64 AVX-512 VNNI on 256-bit vectors (`vpdpbusd`).
+    Avx512Vnni,
+}
+
+impl SimdLevel {
+    /// Every level this CPU can run, slowest first.
+    pub fn available() -> Vec<Self> {
+        let mut levels = vec![Self::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                levels.push(Self::Avx2);
+                if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                    levels.push(Self::Avx512Vnni);
+                }
+            }
+        }
+        levels
+    }
+
+    /// The fastest level this CPU can run (detected once).
+    pub fn best() -> Self {
+        static BEST: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| *Self::available().last().expect("portable is always there"))
+    }
+
+    /// Its name as users see it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Portable => "portable",
+            Self::Avx2 => "avx2",
+            Self::Avx512Vnni => "avx512-vnni",
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! The element-wise parts of a layer as a backend operation: RMSNorm, SwiGLU's gate and
+//! RoPE. burn's operations by default (RMSNorm alone is six of them); done in place in one
+//! pass on the CPU backend (`fornax_cpu::layer_ops`).
+
+use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
+use burn::tensor::{activation::silu, backend::Backend, ops::FloatElem, DType, Int, Tensor};
+use burn::tensor::{Element, Shape, TensorData};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use fornax_cpu::layer_ops;
+
+use super::Rope;
+
+/// Backends with their own RMSNorm, SwiGLU gate and RoPE.
+pub trait LayerOps: Backend {
+    /// `x / sqrt(mean(x^2) + eps) * weight` over each row of `x` `[tokens, d]`.
+    fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
+        reference_rms_norm(x, weight, eps)
+    }
+
+    /// `silu(gate) * up`.
+    fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        silu(gate).mul(up)
+    }
+
+    /// RoPE over `x` `[rows, heads * head_dim]` whose row `r` is at `positions[r]`.
+    fn rope_rows(
+        x: Tensor<Self, 2>,
+        heads: usize,
+        positions: Tensor<Self, 1, Int>,
+        rope: &Rope<Self>,
+    ) -> Tensor<Self, 2> {
+        rope.apply_rows(x, heads, positions)
+    }
+}
+
+/// RMSNorm as burn operations.
+pub fn reference_rms_norm<B: Backend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, 2> {
+    let rms = x.clone().powi_scalar(2).mean_dim(1).add_scalar(eps).sqrt();
+    x.div(rms).mul(weight.unsqueeze())
+}
+
+impl<R, F, I, BT> LayerOps for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+}
+
+/// Whether the CPU backend computes in FP32, which the in-place operations need.
+fn f32_backend<B: Backend>() -> bool {
+    FloatElem::<B>::dtype() == DType::F32
+}
+
+/// `x`'s values on the host, with its shape.
+fn host<B: Backend, const D: usize>(x: Tensor<B, D>) -> (Vec<f32>, Shape) {
+    let shape = x.shape();
+    (x.into_data().into_vec().expect("FP32 values"), shape)
+}
+
+fn tensor<B: Backend, const D: usize>(
+    v: Vec<f32>,
+    shape: Shape,
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(v, shape), device)
+}
+
+impl<E, I, Q> LayerOps for NdArray<E, I, Q>
+where
+    E: burn::backend::ndarray::FloatNdArrayElement,
+    I: burn::backend::ndarray::IntNdArrayElement,
+    Q: burn::backend::ndarray::QuantElement,
+    NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
+{
+    fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
+        if !f32_backend::<Self>() {
+            return reference_rms_norm(x, weight, eps);
+        }
+        let device = x.device();
+        let (mut v, shape) = host(x);
+        layer_ops::rms_norm(&mut v, &host(weight).0, eps as f32);
+        tensor(v, shape, &device)
+    }
+
+    fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        if !f32_backend::<Self>() {
+            return silu(gate).mul(up);
+        }
+        let device = gate.device();
+        let (mut g, shape) = host(gate);
+        layer_ops::swiglu(&mut g, &host(up).0);
+        tensor(g, shape, &device)
+    }
+
+    fn rope_rows(
+        x: Tensor<Self, 2>,
+        heads: usize,
+        positions: Tensor<Self, 1, Int>,
+        rope: &Rope<Self>,
+    ) -> Tensor<Self, 2> {
+        if !f32_backend::<Self>() {
+            return rope.apply_rows(x, heads, positions);
+        }
+        let device = x.device();
+        let (mut v, shape) = host(x);
+        let at: Vec<usize> = positions
+            .into_data()
+            .convert::<i64>()
+            .iter::<i64>()
+            .map(|p| p as usize)
+            .collect();
+        let (cos, sin) = rope.host_tables();
+        layer_ops::rope(&mut v, heads, &at, cos, sin);
+        tensor(v, shape, &device)
+    }
+}
