@@ -11,13 +11,14 @@ use crate::activations::Q8Activations;
 use crate::format::QuantWeights;
 use crate::simd::SimdLevel;
 
-/// `out[t] = W[r] · x[t]` for every token of `acts`.
+/// `out[t] = W[r] · x[t]` for every token of `acts`; `scratch` holds the row's scales.
 pub(crate) fn row_dots(
     level: SimdLevel,
     w: &QuantWeights<'_>,
     r: usize,
     acts: &Q8Activations,
     out: &mut [f32],
+    scratch: &mut Vec<f32>,
 ) {
     debug_assert_eq!(acts.cols, w.cols);
     debug_assert_eq!(out.len(), acts.tokens);
@@ -25,10 +26,12 @@ pub(crate) fn row_dots(
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller checked that the level runs on this CPU.
-        SimdLevel::Avx2 => unsafe { x86::avx2::row(w.format, codes, halves, acts, out) },
+        SimdLevel::Avx2 => unsafe { x86::avx2::row(w.format, codes, halves, acts, out, scratch) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        SimdLevel::Avx512Vnni => unsafe { x86::vnni::row(w.format, codes, halves, acts, out) },
+        SimdLevel::Avx512Vnni => unsafe {
+            x86::vnni::row(w.format, codes, halves, acts, out, scratch)
+        },
         _ => portable::row(w.format, codes, halves, acts, out),
     }
 }

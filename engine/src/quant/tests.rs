@@ -104,9 +104,29 @@ fn cpu_kernels_match_the_gguf_dequantization_at_every_simd_level() {
                 .collect();
             let acts = Q8Activations::quantize(&x, tokens, cols);
             let xq = acts.dequantize();
+            // The SIMD levels group the integer sums alike (four bytes per lane) and
+            // accumulate in the same order: their results are identical, so which one
+            // `SimdLevel::best` measures fastest never changes an output.
+            let simd: Vec<Vec<f32>> = levels[1..]
+                .iter()
+                .map(|&l| packed.cpu_view().matmul_q8(&acts, l))
+                .collect();
+            assert!(
+                simd.windows(2).all(|p| p[0] == p[1]),
+                "{ty:?}: SIMD levels differ"
+            );
             for &level in &levels {
                 let got = packed.cpu_view().matmul_q8(&acts, level);
                 assert_eq!(got.len(), tokens * rows);
+                // A token's result does not depend on the batch it is in.
+                let alone = Q8Activations::quantize(&x[..cols], 1, cols);
+                let alone = packed.cpu_view().matmul_q8(&alone, level);
+                assert_eq!(
+                    alone,
+                    got[..rows],
+                    "{ty:?} {}: alone vs batched",
+                    level.name()
+                );
                 for t in 0..tokens {
                     for r in 0..rows {
                         let wr = &w[r * cols..(r + 1) * cols];
