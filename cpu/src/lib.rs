@@ -7,6 +7,7 @@
 //! per call for all the tokens of the batch.
 
 mod activations;
+pub mod attention;
 mod dot;
 mod format;
 pub mod layer_ops;

@@ -31,6 +31,8 @@ fn json_out(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// FP32 weights (`--dequantize`) give the float reference's tokens; the quantized CPU path
+/// (8-bit activations) is held to the reference in `reference_cpu`.
 #[test]
 fn generate_json_gives_reference_greedy_ids() {
     let model = model();
@@ -45,6 +47,7 @@ fn generate_json_gives_reference_greedy_ids() {
         "--json",
         "--backend",
         "cpu",
+        "--dequantize",
         "--model",
         &model,
     ]));

@@ -35,17 +35,15 @@ impl<B: EngineBackend> Attention<B> {
 
         let [q, k, v] = Linear::forward_many(x, [&self.q, &self.k, &self.v]);
         let positions = Tensor::arange(start as i64..(start + tokens) as i64, &v.device());
-        let q = heads(
-            B::rope_rows(q, self.n_heads, positions.clone(), rope),
-            self.n_heads,
-        );
+        let q = B::rope_rows(q, self.n_heads, positions.clone(), rope);
         let k = heads(
             B::rope_rows(k, self.n_kv_heads, positions, rope),
             self.n_kv_heads,
         );
         let v = heads(v, self.n_kv_heads);
         let (k, v) = cache.append(layer, k, v);
-        self.o.forward(attend(q, k, v, start))
+        self.o
+            .forward(B::contiguous_attention(q, k, v, start, self.n_heads))
     }
 
     /// Attends the rows of a ragged batch `x` (`[rows, d_model]`) over the paged cache of

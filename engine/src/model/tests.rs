@@ -276,7 +276,7 @@ fn in_place_layer_ops_match_burn_operations() {
     let device = Default::default();
     let values = |n: usize, seed: f32| -> Vec<f32> {
         (0..n)
-            .map(|i| ((i as f32 * 0.37 + seed).sin() * 3.0))
+            .map(|i| (i as f32 * 0.37 + seed).sin() * 3.0)
             .collect()
     };
     let (rows, d) = (3, 37);

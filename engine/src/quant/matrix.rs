@@ -7,6 +7,9 @@ use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use super::{PackedMatrix, QuantOps};
 use crate::gguf::GgmlType;
 
+/// 32-bit words on the device.
+pub type WordTensor<B> = Tensor<B, 1, Int>;
+
 /// Where a [`QuantMatrix`]'s words live.
 #[derive(Debug, Clone)]
 pub enum QuantStore<B: Backend> {
@@ -73,7 +76,7 @@ impl<B: QuantOps> QuantMatrix<B> {
 
 impl<B: Backend> QuantMatrix<B> {
     /// The words on the device (code words, scale words); `None` when held on the host.
-    pub fn device_words(&self) -> Option<(&Tensor<B, 1, Int>, &Tensor<B, 1, Int>)> {
+    pub fn device_words(&self) -> Option<(&WordTensor<B>, &WordTensor<B>)> {
         match &self.store {
             QuantStore::Device { quants, scales } => Some((quants, scales)),
             QuantStore::Host { .. } => None,

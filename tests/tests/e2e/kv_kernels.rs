@@ -1,5 +1,6 @@
-//! The paged-attention kernels (CubeCL, on wgpu: lavapipe here) against the burn reference
-//! path on random data, and both against plain FP32 attention over the unquantized keys.
+//! The paged-attention kernels (CubeCL, on wgpu: lavapipe here; and the CPU backend's
+//! attention over the blocks in place) against the burn reference path on random data, and
+//! both against plain FP32 attention over the unquantized keys.
 //!
 //! Tolerances. Kernel vs reference: both read the same stored blocks and decode each tier
 //! exactly, so they differ only in summation order: 2e-5 absolute on outputs of size ~1.
@@ -122,6 +123,7 @@ fn both<B: EngineBackend>(
 }
 
 struct KernelCheck {
+    backend: BackendKind,
     policy: TierPolicy,
     lengths: Vec<usize>,
     /// Largest allowed difference from FP32 attention over the original values.
@@ -249,6 +251,19 @@ fn check(policy: TierPolicy, lengths: &[usize], rows: usize, tier_tolerance: f32
     run(policy, lengths, rows, tier_tolerance, false);
 }
 
+/// The CPU backend's attention over the blocks in place, on the same cases.
+fn check_cpu(policy: TierPolicy, lengths: &[usize], rows: usize, tier_tolerance: f32) {
+    run_check(KernelCheck {
+        backend: BackendKind::Cpu,
+        policy,
+        lengths: lengths.to_vec(),
+        tier_tolerance,
+        rows,
+        force_prefill: false,
+        window: None,
+    });
+}
+
 fn run(
     policy: TierPolicy,
     lengths: &[usize],
@@ -257,6 +272,7 @@ fn run(
     force_prefill: bool,
 ) {
     run_check(KernelCheck {
+        backend: BackendKind::Wgpu,
         policy,
         lengths: lengths.to_vec(),
         tier_tolerance,
@@ -267,7 +283,7 @@ fn run(
 }
 
 fn run_check(check: KernelCheck) {
-    run_on(BackendKind::Wgpu, check).expect("wgpu adapter");
+    run_on(check.backend, check).expect("backend available");
 }
 
 /// The lengths the issue names, after which the new token lands at 1, 31, 32, 33, 1000.
@@ -341,11 +357,49 @@ fn trimmed_sequences_through_both_kernels() {
     };
     for (rows, force_prefill) in [(1, false), (1, true), (40, false)] {
         run_check(KernelCheck {
+            backend: BackendKind::Wgpu,
             policy,
             lengths: vec![10, 150, 300, 999],
             tier_tolerance: 5e-3,
             rows,
             force_prefill,
+            window: Some(100),
+        });
+    }
+}
+
+const ALL_TIERS: TierPolicy = TierPolicy {
+    recent: Some(64),
+    int8_after: Some(256),
+};
+
+#[test]
+fn cpu_decode_all_tiers_matches_reference() {
+    check_cpu(TierPolicy::ALL_F32, &LENGTHS, 1, 2e-5);
+    check_cpu(ALL_TIERS, &LENGTHS, 1, 6e-2);
+}
+
+#[test]
+fn cpu_prefill_all_tiers_matches_reference() {
+    // 70 new rows each: two chunks of query rows, the second partly filled.
+    check_cpu(ALL_TIERS, &[0, 31, 33, 300], 70, 6e-2);
+    check_cpu(TierPolicy::ALL_F32, &[0, 5, 64], 33, 2e-5);
+}
+
+/// Sequences trimmed by the elastic window: attention over the kept blocks (cache rows).
+#[test]
+fn cpu_trimmed_sequences_match_reference() {
+    for rows in [1, 40] {
+        run_check(KernelCheck {
+            backend: BackendKind::Cpu,
+            policy: TierPolicy {
+                recent: Some(64),
+                int8_after: None,
+            },
+            lengths: vec![10, 150, 300, 999],
+            tier_tolerance: 5e-3,
+            rows,
+            force_prefill: false,
             window: Some(100),
         });
     }

@@ -1,0 +1,301 @@
+//! Attention over the paged KV cache, read where it lies: each key and value row is decoded
+//! from its block (FP32, FP16 or INT8 tier) as it is used, with no gathered copy of the
+//! sequence. Work is split over the thread pool by (sequence, KV head, chunk of rows).
+//!
+//! The layout is the engine's (`fornax_engine::kv`): blocks of [`BLOCK_TOKENS`] rows, a
+//! block-table entry `tier << TIER_SHIFT | slot`, arena row `slot * 32 + offset`, columns
+//! `kv_head * words + i`; FP16 words hold two halves (even dimension low), INT8 words four
+//! signed bytes (dimension `4 i + b` in byte `b`), each scaled by one FP32 per (slot, KV head).
+
+use half::f16;
+use rayon::prelude::*;
+
+/// Tokens per block.
+pub const BLOCK_TOKENS: usize = 32;
+/// Bit position of the tier in a block-table entry.
+pub const TIER_SHIFT: u32 = 28;
+const SLOT_MASK: u32 = (1 << TIER_SHIFT) - 1;
+/// Query rows per piece of work: bounds the scores buffer of a long prefill.
+const ROW_CHUNK: usize = 64;
+
+/// 32-bit words as the backend stores them (burn's integer tensors are `i32` or `i64`).
+#[derive(Debug, Clone, Copy)]
+pub enum Words<'a> {
+    I32(&'a [i32]),
+    I64(&'a [i64]),
+}
+
+impl Words<'_> {
+    fn at(&self, i: usize) -> u32 {
+        match self {
+            Words::I32(w) => w[i] as u32,
+            Words::I64(w) => w[i] as u32,
+        }
+    }
+}
+
+/// The three tiers of one layer's keys (or values).
+#[derive(Debug, Clone, Copy)]
+pub struct TierRows<'a> {
+    pub f32_rows: &'a [f32],
+    pub f16_rows: Words<'a>,
+    pub f16_scales: &'a [f32],
+    pub i8_rows: Words<'a>,
+    pub i8_scales: &'a [f32],
+}
+
+/// One sequence's part of the batch.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqRows<'a> {
+    /// First row of the sequence in `q` and the output.
+    pub row_start: usize,
+    /// New rows (queries).
+    pub rows: usize,
+    /// Rows cached before them: query `i` sees keys `0..=start + i`.
+    pub start: usize,
+    /// Block-table entries covering `start + rows` keys.
+    pub table: &'a [u32],
+}
+
+/// Heads and their size.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionDims {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Where attention reads key (or value) `k` of KV head `g`.
+trait Rows: Sync {
+    /// Row `k` of KV head `g`, decoded into `out` (`head_dim` values).
+    fn row(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]);
+}
+
+/// One sequence's rows in the paged arenas.
+struct Paged<'a> {
+    tiers: &'a TierRows<'a>,
+    table: &'a [u32],
+}
+
+impl Rows for Paged<'_> {
+    fn row(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]) {
+        self.tiers
+            .row(self.table[k / BLOCK_TOKENS], k, g, dims, out);
+    }
+}
+
+/// One sequence's rows laid out `[n_kv_heads, total, head_dim]` (the contiguous cache).
+struct HeadMajor<'a> {
+    data: &'a [f32],
+    total: usize,
+}
+
+impl Rows for HeadMajor<'_> {
+    fn row(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]) {
+        let hd = dims.head_dim;
+        out.copy_from_slice(&self.data[(g * self.total + k) * hd..][..hd]);
+    }
+}
+
+impl TierRows<'_> {
+    /// Key `k` of KV head `g` (table entry `entry`) decoded into `out` (`head_dim` values).
+    fn row(&self, entry: u32, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]) {
+        let (hd, n_kv) = (dims.head_dim, dims.n_kv_heads);
+        let slot = (entry & SLOT_MASK) as usize;
+        let row = slot * BLOCK_TOKENS + k % BLOCK_TOKENS;
+        match entry >> TIER_SHIFT {
+            0 => out.copy_from_slice(&self.f32_rows[(row * n_kv + g) * hd..][..hd]),
+            1 => {
+                let words = hd / 2;
+                let base = (row * n_kv + g) * words;
+                let scale = self.f16_scales[slot * n_kv + g];
+                for (i, pair) in out.chunks_exact_mut(2).enumerate() {
+                    let w = self.f16_rows.at(base + i);
+                    pair[0] = f16::from_bits(w as u16).to_f32() * scale;
+                    pair[1] = f16::from_bits((w >> 16) as u16).to_f32() * scale;
+                }
+            }
+            _ => {
+                let words = hd / 4;
+                let base = (row * n_kv + g) * words;
+                let scale = self.i8_scales[slot * n_kv + g];
+                for (i, four) in out.chunks_exact_mut(4).enumerate() {
+                    let w = self.i8_rows.at(base + i);
+                    for (b, v) in four.iter_mut().enumerate() {
+                        *v = f32::from((w >> (8 * b)) as u8 as i8) * scale;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Attention of `q` (`[rows, n_heads * head_dim]`, RoPE applied) over the cache for every
+/// sequence: `[rows, n_heads * head_dim]`. Query head `h` reads KV head
+/// `h / (n_heads / n_kv_heads)`.
+pub fn paged_attention(
+    q: &[f32],
+    keys: &TierRows<'_>,
+    values: &TierRows<'_>,
+    seqs: &[SeqRows<'_>],
+    dims: AttentionDims,
+) -> Vec<f32> {
+    let width = dims.n_heads * dims.head_dim;
+    let rows: usize = seqs.iter().map(|s| s.rows).sum();
+    assert_eq!(q.len(), rows * width, "q is [rows, n_heads * head_dim]");
+    let work: Vec<(usize, usize, usize)> = seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| {
+            (0..dims.n_kv_heads)
+                .flat_map(move |g| (0..s.rows).step_by(ROW_CHUNK).map(move |r0| (i, g, r0)))
+        })
+        .collect();
+    let parts: Vec<Vec<f32>> = work
+        .par_iter()
+        .map(|&(i, g, r0)| {
+            let s = &seqs[i];
+            let (k, v) = (
+                Paged {
+                    tiers: keys,
+                    table: s.table,
+                },
+                Paged {
+                    tiers: values,
+                    table: s.table,
+                },
+            );
+            attend(q, &k, &v, s, g, r0, dims)
+        })
+        .collect();
+    let placed = work
+        .iter()
+        .map(|&(i, g, r0)| (seqs[i].row_start + r0, g))
+        .zip(&parts);
+    assemble(rows, dims, placed)
+}
+
+/// The output `[rows, n_heads * head_dim]` from the pieces: each holds the query heads of
+/// KV head `g` for rows from `first`.
+fn assemble<'p>(
+    rows: usize,
+    dims: AttentionDims,
+    pieces: impl Iterator<Item = ((usize, usize), &'p Vec<f32>)>,
+) -> Vec<f32> {
+    let width = dims.n_heads * dims.head_dim;
+    let heads = dims.n_heads / dims.n_kv_heads * dims.head_dim;
+    let mut out = vec![0.0f32; rows * width];
+    for ((first, g), part) in pieces {
+        for (r, chunk) in part.chunks_exact(heads).enumerate() {
+            let at = (first + r) * width + g * heads;
+            out[at..at + heads].copy_from_slice(chunk);
+        }
+    }
+    out
+}
+
+/// Attention of `q` (`[rows, n_heads * head_dim]`, the first row at position `start`) over
+/// one sequence's contiguous keys and values (`[n_kv_heads, start + rows, head_dim]`): the
+/// same arithmetic in the same order as [`paged_attention`], so both caches give
+/// identical results.
+pub fn contiguous_attention(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    start: usize,
+    dims: AttentionDims,
+) -> Vec<f32> {
+    let width = dims.n_heads * dims.head_dim;
+    let rows = q.len() / width;
+    let total = start + rows;
+    assert_eq!(keys.len(), dims.n_kv_heads * total * dims.head_dim, "keys");
+    assert_eq!(values.len(), keys.len(), "values");
+    let seq = SeqRows {
+        row_start: 0,
+        rows,
+        start,
+        table: &[],
+    };
+    let (k, v) = (
+        HeadMajor { data: keys, total },
+        HeadMajor {
+            data: values,
+            total,
+        },
+    );
+    let work: Vec<(usize, usize)> = (0..dims.n_kv_heads)
+        .flat_map(|g| (0..rows).step_by(ROW_CHUNK).map(move |r0| (g, r0)))
+        .collect();
+    let parts: Vec<Vec<f32>> = work
+        .par_iter()
+        .map(|&(g, r0)| attend(q, &k, &v, &seq, g, r0, dims))
+        .collect();
+    assemble(rows, dims, work.iter().map(|&(g, r0)| (r0, g)).zip(&parts))
+}
+
+/// Rows `r0..` (at most [`ROW_CHUNK`]) of sequence `s`, the query heads of KV head `g`:
+/// `[rows, group * head_dim]`.
+fn attend(
+    q: &[f32],
+    keys: &impl Rows,
+    values: &impl Rows,
+    s: &SeqRows<'_>,
+    g: usize,
+    r0: usize,
+    dims: AttentionDims,
+) -> Vec<f32> {
+    let hd = dims.head_dim;
+    let group = dims.n_heads / dims.n_kv_heads;
+    let width = dims.n_heads * hd;
+    let nr = (s.rows - r0).min(ROW_CHUNK);
+    let total = s.start + r0 + nr;
+    let scale = (hd as f32).powf(-0.5);
+    // Query (row i, head h) is number i * group + h; it sees keys 0..=start + r0 + i.
+    let query =
+        |i: usize, h: usize| &q[(s.row_start + r0 + i) * width + (g * group + h) * hd..][..hd];
+    let sees = |i: usize| s.start + r0 + i + 1;
+    let mut scores = vec![0.0f32; nr * group * total];
+    let mut row = vec![0.0f32; hd];
+    for k in 0..total {
+        keys.row(k, g, dims, &mut row);
+        let first = (k + 1).saturating_sub(s.start + r0 + 1);
+        for i in first..nr {
+            for h in 0..group {
+                scores[(i * group + h) * total + k] = dot(query(i, h), &row) * scale;
+            }
+        }
+    }
+    for i in 0..nr {
+        for h in 0..group {
+            let sc = &mut scores[(i * group + h) * total..][..sees(i)];
+            let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0.0f32;
+            for v in sc.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            for v in sc.iter_mut() {
+                *v /= sum;
+            }
+        }
+    }
+    let mut out = vec![0.0f32; nr * group * hd];
+    for k in 0..total {
+        values.row(k, g, dims, &mut row);
+        let first = (k + 1).saturating_sub(s.start + r0 + 1);
+        for i in first..nr {
+            for h in 0..group {
+                let p = scores[(i * group + h) * total + k];
+                let o = &mut out[(i * group + h) * hd..][..hd];
+                for (o, v) in o.iter_mut().zip(&row) {
+                    *o += p * v;
+                }
+            }
+        }
+    }
+    out
+}
