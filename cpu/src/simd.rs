@@ -14,6 +14,7 @@ pub enum SimdLevel {
 impl SimdLevel {
     /// Every level this CPU can run, slowest first.
     pub fn available() -> Vec<Self> {
+        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
         let mut levels = vec![Self::Portable];
         #[cfg(target_arch = "x86_64")]
         {
