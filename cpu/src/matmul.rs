@@ -39,7 +39,7 @@ pub fn matmul_many(
     level: SimdLevel,
 ) -> Vec<Vec<f32>> {
     assert!(
-        SimdLevel::available().contains(&level),
+        level.is_available(),
         "{} is not available on this CPU",
         level.name()
     );

@@ -31,6 +31,13 @@ impl SimdLevel {
         levels
     }
 
+    /// Whether this CPU can run the level (detected once; cheap enough for every call).
+    pub fn is_available(self) -> bool {
+        static NEWEST: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
+        // `available` lists a prefix of the levels in order.
+        self <= *NEWEST.get_or_init(|| *Self::available().last().expect("portable"))
+    }
+
     /// The fastest level on this CPU, measured once: a newer instruction set is not
     /// always the faster one (on the Xeon we develop on, 256-bit `vpdpbusd` measured
     /// 2.0 ns per block and token in a four-token tile where AVX2 took 1.6).
