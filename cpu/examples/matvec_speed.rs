@@ -1,6 +1,8 @@
 //! Kernel speed alone: one token against Q4_1 weights the size of the default model's
 //! layers (all 30 layers' matrices, 106M values), per SIMD level. A benchmark, not a test.
-use fornax_cpu::{matmul_many, Q8Activations, QuantFormat, QuantWeights, SimdLevel};
+use fornax_cpu::{
+    matmul_many, InterleavedWeights, Q8Activations, QuantFormat, QuantWeights, SimdLevel,
+};
 use std::time::Instant;
 
 fn main() {
@@ -10,6 +12,7 @@ fn main() {
     let codes: Vec<u8> = (0..blocks * 16).map(|i| (i * 37 % 251) as u8).collect();
     let scales: Vec<u16> = (0..blocks * 2).map(|i| 0x2000 + (i % 512) as u16).collect();
     let w = QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales).unwrap();
+    let w = InterleavedWeights::new(&w);
     let bytes = codes.len() + 2 * scales.len();
     for tokens in [1usize, 8, 32] {
         let x: Vec<f32> = (0..tokens * cols)
@@ -20,7 +23,7 @@ fn main() {
             let mut best = f64::MAX;
             for _ in 0..5 {
                 let t = Instant::now();
-                let out = matmul_many(&[w], &acts, level);
+                let out = matmul_many(&[&w], &acts, level);
                 std::hint::black_box(out);
                 best = best.min(t.elapsed().as_secs_f64());
             }

@@ -15,38 +15,27 @@ pub struct Q8Activations {
 }
 
 impl Q8Activations {
-    /// Quantizes `x` (`tokens * cols` values, `cols` a multiple of 32).
+    /// Quantizes `x` (`tokens * cols` values, `cols` a multiple of 32). Codes are rounded
+    /// to nearest, ties to even (as llama.cpp's x86 code rounds).
     pub fn quantize(x: &[f32], tokens: usize, cols: usize) -> Self {
         assert_eq!(x.len(), tokens * cols, "activations are [tokens, cols]");
         assert!(cols.is_multiple_of(QBLOCK), "whole blocks");
         let blocks = tokens * cols / QBLOCK;
-        let mut q = vec![0i8; tokens * cols];
-        let mut d = vec![0.0f32; blocks];
-        let mut s = vec![0.0f32; blocks];
-        for (b, (xs, qs)) in x
-            .chunks_exact(QBLOCK)
-            .zip(q.chunks_exact_mut(QBLOCK))
-            .enumerate()
-        {
-            let amax = xs.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, &v) in qs.iter_mut().zip(xs) {
-                let r = (v * inv).round() as i8;
-                *q = r;
-                sum += i32::from(r);
-            }
-            d[b] = scale;
-            s[b] = scale * sum as f32;
-        }
-        Self {
+        let mut out = Self {
             tokens,
             cols,
-            q,
-            d,
-            s,
+            q: vec![0i8; tokens * cols],
+            d: vec![0.0f32; blocks],
+            s: vec![0.0f32; blocks],
+        };
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            unsafe { quantize_avx2(x, &mut out) };
+            return out;
         }
+        quantize_blocks(x, &mut out);
+        out
     }
 
     /// Tokens (rows).
@@ -71,5 +60,41 @@ impl Q8Activations {
             &self.d[t * nb..(t + 1) * nb],
             &self.s[t * nb..(t + 1) * nb],
         )
+    }
+}
+
+/// [`quantize_blocks`] compiled for AVX2 (the same operations, exact in any order).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_avx2(x: &[f32], out: &mut Q8Activations) {
+    quantize_blocks(x, out)
+}
+
+/// Fills `out` (sized for `x`) block by block.
+#[inline(always)]
+fn quantize_blocks(x: &[f32], out: &mut Q8Activations) {
+    const LANES: usize = 8;
+    for (b, (xs, qs)) in x
+        .chunks_exact(QBLOCK)
+        .zip(out.q.chunks_exact_mut(QBLOCK))
+        .enumerate()
+    {
+        let mut lanes = [0.0f32; LANES];
+        for c in xs.chunks_exact(LANES) {
+            for (m, v) in lanes.iter_mut().zip(c) {
+                *m = m.max(v.abs());
+            }
+        }
+        let amax = lanes.iter().fold(0.0f32, |a, &m| a.max(m));
+        let scale = amax / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in qs.iter_mut().zip(xs) {
+            let r = (v * inv).round_ties_even() as i32;
+            *q = r as i8;
+            sum += r;
+        }
+        out.d[b] = scale;
+        out.s[b] = scale * sum as f32;
     }
 }

@@ -130,10 +130,6 @@ impl TierRows<'_> {
     }
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
 /// Attention of `q` (`[rows, n_heads * head_dim]`, RoPE applied) over the cache for every
 /// sequence: `[rows, n_heads * head_dim]`. Query head `h` reads KV head
 /// `h / (n_heads / n_kv_heads)`.
@@ -237,9 +233,162 @@ pub fn contiguous_attention(
     assemble(rows, dims, work.iter().map(|&(g, r0)| (r0, g)).zip(&parts))
 }
 
+/// Keys scored together: one query against four keys runs four independent sums.
+const KEYS: usize = 4;
+
+/// The two products attention is made of, per instruction set. Every key's score goes
+/// through [`Products::dot4`] (the rows padded to a multiple of [`KEYS`]), so a score
+/// does not depend on which other keys it was computed with.
+trait Products {
+    /// `q · k_j` for the four rows of `keys` (`4 * q.len()` values).
+    fn dot4(q: &[f32], keys: &[f32]) -> [f32; KEYS];
+    /// `out = sum_k p[k] * values[k]` over rows of `out.len()` values.
+    fn weighted_sum(p: &[f32], values: &[f32], out: &mut [f32]);
+}
+
+/// Plain Rust.
+struct Portable;
+
+impl Products for Portable {
+    fn dot4(q: &[f32], keys: &[f32]) -> [f32; KEYS] {
+        let hd = q.len();
+        std::array::from_fn(|j| {
+            let k = &keys[j * hd..(j + 1) * hd];
+            q.iter().zip(k).map(|(a, b)| a * b).sum()
+        })
+    }
+
+    fn weighted_sum(p: &[f32], values: &[f32], out: &mut [f32]) {
+        out.fill(0.0);
+        for (&p, v) in p.iter().zip(values.chunks_exact(out.len())) {
+            for (o, v) in out.iter_mut().zip(v) {
+                *o += p * v;
+            }
+        }
+    }
+}
+
+/// AVX2 and FMA, for rows of a multiple of 8 values.
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Products for Avx2 {
+    #[inline(always)]
+    fn dot4(q: &[f32], keys: &[f32]) -> [f32; KEYS] {
+        // SAFETY: only called from `attend_avx2`, which runs where AVX2 and FMA are.
+        unsafe { avx2::dot4(q, keys) }
+    }
+
+    #[inline(always)]
+    fn weighted_sum(p: &[f32], values: &[f32], out: &mut [f32]) {
+        // SAFETY: as above.
+        unsafe { avx2::weighted_sum(p, values, out) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::KEYS;
+
+    /// Sum of the eight lanes.
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    /// See [`super::Products::dot4`]; `q.len()` a multiple of 8.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn dot4(q: &[f32], keys: &[f32]) -> [f32; KEYS] {
+        let hd = q.len();
+        assert!(hd.is_multiple_of(8) && keys.len() >= KEYS * hd);
+        let mut acc = [_mm256_setzero_ps(); KEYS];
+        let (qp, kp) = (q.as_ptr(), keys.as_ptr());
+        for i in (0..hd).step_by(8) {
+            // SAFETY: i + 8 <= hd, and the keys hold four rows of hd (checked above).
+            unsafe {
+                let qv = _mm256_loadu_ps(qp.add(i));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add(j * hd + i)), *a);
+                }
+            }
+        }
+        acc.map(|a| hsum(a))
+    }
+
+    /// See [`super::Products::weighted_sum`]; `out.len()` a multiple of 8. The output is
+    /// held in registers 64 values at a time.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn weighted_sum(p: &[f32], values: &[f32], out: &mut [f32]) {
+        const REGS: usize = 8;
+        let hd = out.len();
+        assert!(hd.is_multiple_of(8) && values.len() >= p.len() * hd);
+        let vp = values.as_ptr();
+        for c in (0..hd).step_by(8 * REGS) {
+            let n = ((hd - c) / 8).min(REGS);
+            let mut acc = [_mm256_setzero_ps(); REGS];
+            for (k, &w) in p.iter().enumerate() {
+                let w = _mm256_set1_ps(w);
+                for (r, a) in acc[..n].iter_mut().enumerate() {
+                    // SAFETY: row k < p.len() of hd values, column c + 8 r + 8 <= hd.
+                    let v = unsafe { _mm256_loadu_ps(vp.add(k * hd + c + 8 * r)) };
+                    *a = _mm256_fmadd_ps(w, v, *a);
+                }
+            }
+            for (r, a) in acc[..n].iter().enumerate() {
+                // SAFETY: as above, within `out`.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), *a) };
+            }
+        }
+    }
+}
+
 /// Rows `r0..` (at most [`ROW_CHUNK`]) of sequence `s`, the query heads of KV head `g`:
-/// `[rows, group * head_dim]`.
+/// `[rows, group * head_dim]`, with AVX2 where the CPU has it.
 fn attend(
+    q: &[f32],
+    keys: &impl Rows,
+    values: &impl Rows,
+    s: &SeqRows<'_>,
+    g: usize,
+    r0: usize,
+    dims: AttentionDims,
+) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if dims.head_dim.is_multiple_of(8)
+        && is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { attend_avx2(q, keys, values, s, g, r0, dims) };
+    }
+    attend_with::<Portable>(q, keys, values, s, g, r0, dims)
+}
+
+/// [`attend_with`] compiled for AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(
+    q: &[f32],
+    keys: &impl Rows,
+    values: &impl Rows,
+    s: &SeqRows<'_>,
+    g: usize,
+    r0: usize,
+    dims: AttentionDims,
+) -> Vec<f32> {
+    attend_with::<Avx2>(q, keys, values, s, g, r0, dims)
+}
+
+/// The body of [`attend`]: the piece's keys and values decoded once into rows, then per
+/// query its scores, their softmax and the weighted sum of values.
+#[inline(always)]
+fn attend_with<P: Products>(
     q: &[f32],
     keys: &impl Rows,
     values: &impl Rows,
@@ -254,47 +403,42 @@ fn attend(
     let nr = (s.rows - r0).min(ROW_CHUNK);
     let total = s.start + r0 + nr;
     let scale = (hd as f32).powf(-0.5);
-    // Query (row i, head h) is number i * group + h; it sees keys 0..=start + r0 + i.
-    let query =
-        |i: usize, h: usize| &q[(s.row_start + r0 + i) * width + (g * group + h) * hd..][..hd];
-    let sees = |i: usize| s.start + r0 + i + 1;
-    let mut scores = vec![0.0f32; nr * group * total];
-    let mut row = vec![0.0f32; hd];
+    // Keys padded with zero rows to a multiple of KEYS; values as they are.
+    let mut k_rows = vec![0.0f32; total.next_multiple_of(KEYS) * hd];
+    let mut v_rows = vec![0.0f32; total * hd];
     for k in 0..total {
-        keys.row(k, g, dims, &mut row);
-        let first = (k + 1).saturating_sub(s.start + r0 + 1);
-        for i in first..nr {
-            for h in 0..group {
-                scores[(i * group + h) * total + k] = dot(query(i, h), &row) * scale;
-            }
-        }
+        keys.row(k, g, dims, &mut k_rows[k * hd..(k + 1) * hd]);
+        values.row(k, g, dims, &mut v_rows[k * hd..(k + 1) * hd]);
     }
+    let mut out = vec![0.0f32; nr * group * hd];
+    let mut scores = vec![0.0f32; total.next_multiple_of(KEYS)];
     for i in 0..nr {
+        // Query row i sees keys 0..=start + r0 + i.
+        let sees = s.start + r0 + i + 1;
         for h in 0..group {
-            let sc = &mut scores[(i * group + h) * total..][..sees(i)];
+            let query = &q[(s.row_start + r0 + i) * width + (g * group + h) * hd..][..hd];
+            for (k, sc) in scores[..sees.next_multiple_of(KEYS)]
+                .chunks_exact_mut(KEYS)
+                .enumerate()
+            {
+                let four = P::dot4(query, &k_rows[k * KEYS * hd..(k + 1) * KEYS * hd]);
+                for (s, v) in sc.iter_mut().zip(four) {
+                    *s = v * scale;
+                }
+            }
+            let sc = &mut scores[..sees];
             let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut sum = 0.0f32;
             for v in sc.iter_mut() {
                 *v = (*v - max).exp();
                 sum += *v;
             }
+            let inv = 1.0 / sum;
             for v in sc.iter_mut() {
-                *v /= sum;
+                *v *= inv;
             }
-        }
-    }
-    let mut out = vec![0.0f32; nr * group * hd];
-    for k in 0..total {
-        values.row(k, g, dims, &mut row);
-        let first = (k + 1).saturating_sub(s.start + r0 + 1);
-        for i in first..nr {
-            for h in 0..group {
-                let p = scores[(i * group + h) * total + k];
-                let o = &mut out[(i * group + h) * hd..][..hd];
-                for (o, v) in o.iter_mut().zip(&row) {
-                    *o += p * v;
-                }
-            }
+            let o = &mut out[(i * group + h) * hd..][..hd];
+            P::weighted_sum(sc, &v_rows[..sees * hd], o);
         }
     }
     out

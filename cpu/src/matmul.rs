@@ -1,40 +1,53 @@
-//! `x @ W^T` with `W` block-quantized: rows split over the thread pool, each row read once
-//! for every token of the batch. Several weights applied to the same input (Q, K and V;
-//! gate and up) share one quantization of it and one parallel pass.
+//! `x @ W^T` with `W` block-quantized and interleaved: groups of eight rows split over the
+//! thread pool, each group read once per tile of tokens. Several weights applied to the
+//! same input (Q, K and V; gate and up) share one quantization of it and one parallel pass.
 
 use rayon::prelude::*;
 
 use crate::activations::Q8Activations;
-use crate::dot::row_dots;
+use crate::dot::{group_dots, TILE};
 use crate::format::QuantWeights;
+use crate::interleaved::{InterleavedWeights, LANES};
 use crate::simd::SimdLevel;
 
 /// Pieces of work per thread, so that a thread that falls behind is not waited for long.
 const PIECES_PER_THREAD: usize = 4;
-/// Fewest rows in a piece: below this, handing a piece to a thread costs more than it saves.
-const MIN_PIECE_ROWS: usize = 16;
+/// Fewest row groups in a piece: below this, handing a piece to a thread costs more than
+/// it saves.
+const MIN_PIECE_GROUPS: usize = 2;
 
 impl QuantWeights<'_> {
     /// `x @ W^T` for `x` of `tokens` rows of `cols` FP32 values: `[tokens, rows]`, on the
-    /// best SIMD level of this CPU.
+    /// best SIMD level of this CPU (interleaving a copy of the weights first).
     pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
         let acts = Q8Activations::quantize(x, tokens, self.cols);
-        self.matmul_q8(&acts, SimdLevel::best())
+        InterleavedWeights::new(self).matmul_q8(&acts, SimdLevel::best())
     }
+}
 
+impl InterleavedWeights {
     /// `x @ W^T` over activations already quantized, on `level` (which must be one of
     /// [`SimdLevel::available`]): `[tokens, rows]`.
     pub fn matmul_q8(&self, acts: &Q8Activations, level: SimdLevel) -> Vec<f32> {
-        matmul_many(&[*self], acts, level)
+        matmul_many(&[self], acts, level)
             .pop()
             .expect("one weight, one product")
     }
 }
 
+/// The outputs' memory, written by several threads at once: each piece of work writes
+/// its own rows' columns.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: pieces write disjoint elements (their own row groups), and the buffers outlive
+// the parallel pass.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
 /// `x @ W_i^T` for every weight (all with `x`'s `cols`), in one parallel pass over all
-/// their rows: `[tokens, rows_i]` each.
+/// their row groups: `[tokens, rows_i]` each.
 pub fn matmul_many(
-    weights: &[QuantWeights<'_>],
+    weights: &[&InterleavedWeights],
     acts: &Q8Activations,
     level: SimdLevel,
 ) -> Vec<Vec<f32>> {
@@ -50,44 +63,39 @@ pub fn matmul_many(
         );
     }
     let tokens = acts.tokens;
-    let total_rows: usize = weights.iter().map(|w| w.rows).sum();
+    let mut outs: Vec<Vec<f32>> = weights.iter().map(|w| vec![0.0; tokens * w.rows]).collect();
+    if tokens == 0 {
+        return outs;
+    }
+    let total: usize = weights.iter().map(|w| w.groups()).sum();
     let pieces = rayon::current_num_threads() * PIECES_PER_THREAD;
-    let piece_rows = total_rows.div_ceil(pieces).max(MIN_PIECE_ROWS);
-    // Row-major over weight rows: each piece writes a contiguous run.
-    let mut by_row: Vec<Vec<f32>> = weights.iter().map(|w| vec![0.0; w.rows * tokens]).collect();
-    if tokens > 0 {
-        let mut work = Vec::new();
-        for (w, buf) in weights.iter().zip(by_row.iter_mut()) {
-            for (p, part) in buf.chunks_mut(piece_rows * tokens).enumerate() {
-                work.push((w, p * piece_rows, part));
-            }
-        }
-        work.into_par_iter().for_each(|(w, first, part)| {
-            let mut scratch = Vec::new();
-            for (i, out) in part.chunks_exact_mut(tokens).enumerate() {
-                row_dots(level, w, first + i, acts, out, &mut scratch);
-            }
-        });
-    }
-    by_row
-        .into_iter()
-        .zip(weights)
-        .map(|(values, w)| transpose(values, w.rows, tokens))
-        .collect()
-}
-
-/// `[rows, tokens]` to `[tokens, rows]`.
-fn transpose(by_row: Vec<f32>, rows: usize, tokens: usize) -> Vec<f32> {
-    if tokens <= 1 {
-        return by_row;
-    }
-    let mut out = vec![0.0f32; tokens * rows];
-    for (r, values) in by_row.chunks_exact(tokens).enumerate() {
-        for (t, &v) in values.iter().enumerate() {
-            out[t * rows + r] = v;
+    let per_piece = total.div_ceil(pieces).max(MIN_PIECE_GROUPS);
+    let mut work = Vec::new();
+    for (w, out) in weights.iter().zip(outs.iter_mut()) {
+        let out = Out(out.as_mut_ptr());
+        for g0 in (0..w.groups()).step_by(per_piece) {
+            work.push((*w, out, g0..(g0 + per_piece).min(w.groups())));
         }
     }
-    out
+    work.into_par_iter().for_each(|(w, out, groups)| {
+        let mut tile = [[0.0f32; LANES]; TILE];
+        for t0 in (0..tokens).step_by(TILE) {
+            let n = (tokens - t0).min(TILE);
+            for g in groups.clone() {
+                group_dots(level, w, g, acts, t0, n, &mut tile);
+                let (first, lanes) = (g * LANES, (w.rows - g * LANES).min(LANES));
+                for (j, values) in tile[..n].iter().enumerate() {
+                    // SAFETY: row `t0 + j` of `[tokens, rows]`, columns `first..first +
+                    // lanes`: inside the buffer, and only this piece writes them.
+                    unsafe {
+                        let at = out.0.add((t0 + j) * w.rows + first);
+                        std::ptr::copy_nonoverlapping(values.as_ptr(), at, lanes);
+                    }
+                }
+            }
+        }
+    });
+    outs
 }
 
 /// Seconds `level` takes (best of five) for a cache-resident Q4_1 product of 128 rows of
@@ -100,18 +108,19 @@ pub(crate) fn time_level(level: SimdLevel) -> f64 {
     let scales: Vec<u16> = (0..blocks * 2).map(|i| 0x2000 + (i % 512) as u16).collect();
     let w = QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales)
         .expect("a consistent shape");
+    let w = InterleavedWeights::new(&w);
     let x: Vec<f32> = (0..tokens * cols)
         .map(|i| (i as f32 * 0.01).sin())
         .collect();
     let acts = Q8Activations::quantize(&x, tokens, cols);
-    let (mut out, mut scratch) = (vec![0.0f32; tokens], Vec::new());
+    let mut tile = [[0.0f32; LANES]; TILE];
     (0..5)
         .map(|_| {
             let t = std::time::Instant::now();
-            for r in 0..rows {
-                row_dots(level, &w, r, &acts, &mut out, &mut scratch);
+            for g in 0..w.groups() {
+                group_dots(level, &w, g, &acts, 0, tokens, &mut tile);
             }
-            std::hint::black_box(&out);
+            std::hint::black_box(&tile);
             t.elapsed().as_secs_f64()
         })
         .fold(f64::MAX, f64::min)

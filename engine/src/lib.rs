@@ -13,6 +13,7 @@ pub mod sched;
 pub mod tokenizer;
 
 mod generate;
+mod host_values;
 pub use generate::{
     generate, generate_in, logits_to_vec, logits_to_vec_async, prefill, GenerateParams, Generation,
 };

@@ -1,41 +1,46 @@
-//! One weight row against a batch of quantized activations, per SIMD level.
+//! One group of eight weight rows against a few tokens of quantized activations, per
+//! SIMD level.
 //!
 //! A block's product is `d_w d_x sum(q_w q_x) + m_w s_x`: the integer sum in SIMD, `m_w`
 //! being Q4_1's `m`, `-8 d_w` for Q4_0 (whose codes are read as 0..15) and 0 for Q8_0.
+//! Each lane (row) accumulates `fma(sum, d_w d_x, acc)` then `fma(m_w, s_x, acc)` block by
+//! block, whatever the batch, so a token's result does not depend on the tokens beside it.
 
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use crate::activations::Q8Activations;
-use crate::format::QuantWeights;
+use crate::interleaved::{InterleavedWeights, LANES};
 use crate::simd::SimdLevel;
 
-/// `out[t] = W[r] · x[t]` for every token of `acts`; `scratch` holds the row's scales.
-pub(crate) fn row_dots(
+/// Tokens per register tile.
+pub(crate) const TILE: usize = 4;
+
+/// `out[j][l] = W[8 g + l] · x[t0 + j]` for `j < n <= TILE` (lanes past the last row are 0).
+pub(crate) fn group_dots(
     level: SimdLevel,
-    w: &QuantWeights<'_>,
-    r: usize,
+    w: &InterleavedWeights,
+    g: usize,
     acts: &Q8Activations,
-    out: &mut [f32],
-    scratch: &mut Vec<f32>,
+    t0: usize,
+    n: usize,
+    out: &mut [[f32; LANES]; TILE],
 ) {
-    debug_assert_eq!(acts.cols, w.cols);
-    debug_assert_eq!(out.len(), acts.tokens);
-    let (codes, halves) = (w.row_codes(r), w.row_scales(r));
+    assert_eq!(
+        acts.cols, w.cols,
+        "activations and weights disagree on cols"
+    );
+    assert!((1..=TILE).contains(&n) && t0 + n <= acts.tokens);
+    let group = w.group(g);
     match level {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the caller checked that the level runs on this CPU.
-        SimdLevel::Avx2 => unsafe { x86::avx2::row(w.format, codes, halves, acts, out, scratch) },
+        // SAFETY: the caller checked that the level runs on this CPU; the group and the
+        // tokens hold the blocks of `w.cols` columns (checked above).
+        SimdLevel::Avx2 => unsafe { x86::avx2::tokens(w.format, group, acts, t0, n, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        SimdLevel::Avx512Vnni => unsafe {
-            x86::vnni::row(w.format, codes, halves, acts, out, scratch)
-        },
-        // The portable level converts each block's scales where it uses them.
-        _ => {
-            let _ = scratch;
-            portable::row(w.format, codes, halves, acts, out)
-        }
+        SimdLevel::Avx512Vnni => unsafe { x86::vnni::tokens(w.format, group, acts, t0, n, out) },
+        _ => portable::tokens(w.format, group, acts, t0, n, out),
     }
 }

@@ -1,333 +1,167 @@
-//! x86-64 levels: AVX2 (`vpmaddubsw` + `vpmaddwd`) and AVX-512 VNNI (`vpdpbusd` on 256-bit
-//! vectors). Both are stamped from one body; they differ in the block's integer sum.
+//! x86-64 levels: AVX2 (`vpmaddubsw`) and AVX-512 VNNI (`vpdpbusd` on 256-bit vectors),
+//! stamped from one body; they differ only in how a block's integer sum is accumulated,
+//! and integer sums are exact, so both give identical results.
 //!
-//! Q4 codes (0..15) are unsigned, so they multiply the signed activations directly; Q8_0
-//! codes are signed, so the sum is taken as `|w| * (x with w's sign)`.
+//! A group-block's eight rows sit in the lanes (see `crate::interleaved`): a 32-byte chunk
+//! of codes holds four bytes of each row, multiplied by the token's four matching
+//! activation bytes broadcast to every lane. Q4 codes (0..15) are unsigned and multiply
+//! the signed activations directly; Q8_0 codes are signed, so the product is taken as
+//! `|w| * (x with w's sign)`.
 
 macro_rules! level {
-    ($name:ident, $features:literal, |$w:ident, $x:ident| q4: $q4:expr, q8: $q8:expr) => {
+    (
+        $name:ident, $features:literal,
+        q4: |$a:ident, $w:ident, $x:ident| $q4:expr,
+        q4_sum: |$s:ident| $q4_sum:expr,
+        q8: |$a8:ident, $w8:ident, $x8:ident| $q8:expr
+    ) => {
         pub(super) mod $name {
             use std::arch::x86_64::*;
 
             use crate::activations::Q8Activations;
             use crate::format::{QuantFormat, QBLOCK};
+            use crate::interleaved::LANES;
 
-            /// Tokens per register tile.
-            const TILE: usize = 4;
-
+            /// Accumulates one chunk of Q4 codes times activations into `a`.
             #[target_feature(enable = $features)]
-            fn isum_q4($w: __m256i, $x: __m256i) -> __m256i {
+            fn q4_step($a: __m256i, $w: __m256i, $x: __m256i) -> __m256i {
                 $q4
             }
 
+            /// The block's integer sums (eight `i32`) from the Q4 accumulator.
             #[target_feature(enable = $features)]
-            fn isum_q8($w: __m256i, $x: __m256i) -> __m256i {
+            fn q4_sum($s: __m256i) -> __m256i {
+                $q4_sum
+            }
+
+            /// Accumulates one chunk of `|w|` times signed activations into `a` (`i32`).
+            #[target_feature(enable = $features)]
+            fn q8_step($a8: __m256i, $w8: __m256i, $x8: __m256i) -> __m256i {
                 $q8
             }
 
+            /// Four activation bytes in every lane.
             #[target_feature(enable = $features)]
-            fn hsum(v: __m256) -> f32 {
-                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-                _mm_cvtss_f32(s)
+            unsafe fn broadcast(x: *const i8) -> __m256i {
+                // SAFETY: the caller passes four readable bytes.
+                _mm256_set1_epi32(unsafe { (x as *const i32).read_unaligned() })
             }
 
-            /// One IEEE half to FP32 (F16C).
-            #[target_feature(enable = $features)]
-            fn half(h: u16) -> f32 {
-                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
-            }
-
-            /// The row's block scales `d` and offsets `m` in FP32 (see `dot`), eight
-            /// halves per conversion.
-            #[target_feature(enable = $features)]
-            fn row_scales(format: QuantFormat, halves: &[u16], d: &mut [f32], m: &mut [f32]) {
-                let nb = d.len();
-                let hp = halves.as_ptr();
-                let mut b = 0;
-                match format {
-                    QuantFormat::Q4_1 => {
-                        // d0 m0 d1 m1 .. -> d0 d1 d2 d3 | m0 m1 m2 m3
-                        let split = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-                        while b + 4 <= nb {
-                            // SAFETY: the row holds 2 * nb halves; b + 4 <= nb.
-                            unsafe {
-                                let h = _mm_loadu_si128(hp.add(2 * b) as *const __m128i);
-                                let v = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(h), split);
-                                _mm_storeu_ps(d.as_mut_ptr().add(b), _mm256_castps256_ps128(v));
-                                _mm_storeu_ps(m.as_mut_ptr().add(b), _mm256_extractf128_ps(v, 1));
-                            }
-                            b += 4;
-                        }
-                        for b in b..nb {
-                            d[b] = half(halves[2 * b]);
-                            m[b] = half(halves[2 * b + 1]);
-                        }
-                    }
-                    QuantFormat::Q4_0 | QuantFormat::Q8_0 => {
-                        while b + 8 <= nb {
-                            // SAFETY: the row holds nb halves; b + 8 <= nb.
-                            unsafe {
-                                let h = _mm_loadu_si128(hp.add(b) as *const __m128i);
-                                _mm256_storeu_ps(d.as_mut_ptr().add(b), _mm256_cvtph_ps(h));
-                            }
-                            b += 8;
-                        }
-                        for b in b..nb {
-                            d[b] = half(halves[b]);
-                        }
-                        let offset = if format == QuantFormat::Q4_0 {
-                            -8.0
-                        } else {
-                            0.0
-                        };
-                        for (m, d) in m.iter_mut().zip(d.iter()) {
-                            *m = offset * d;
-                        }
-                    }
-                }
-            }
-
-            /// `N` tokens of one row: `out[j] = row · x[j]`, with the row's scales in FP32.
-            #[target_feature(enable = $features)]
-            unsafe fn tile<const N: usize>(
-                format: QuantFormat,
-                codes: &[u8],
-                d: &[f32],
-                m: &[f32],
-                x: [(&[i8], &[f32], &[f32]); N],
-                out: &mut [f32],
-            ) {
-                let nb = d.len();
-                let mut acc = [_mm256_setzero_ps(); N];
-                let cp = codes.as_ptr();
-                // SAFETY (every load below): the row holds `nb` blocks of codes and each
-                // token `nb * 32` codes and `nb` scales, checked by the caller.
-                match format {
-                    QuantFormat::Q8_0 => {
-                        for b in 0..nb {
-                            let w = unsafe { _mm256_loadu_si256(cp.add(32 * b) as *const __m256i) };
-                            let db = unsafe { *d.get_unchecked(b) };
-                            for j in 0..N {
-                                let xq = unsafe {
-                                    _mm256_loadu_si256(
-                                        x[j].0.as_ptr().add(QBLOCK * b) as *const __m256i
-                                    )
-                                };
-                                let s = db * unsafe { *x[j].1.get_unchecked(b) };
-                                let i = isum_q8(w, xq);
-                                acc[j] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(i),
-                                    _mm256_set1_ps(s),
-                                    acc[j],
-                                );
-                            }
-                        }
-                    }
-                    QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-                        let mask = _mm_set1_epi8(15);
-                        for b in 0..nb {
-                            let raw = unsafe { _mm_loadu_si128(cp.add(16 * b) as *const __m128i) };
-                            let lo = _mm_and_si128(raw, mask);
-                            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-                            let w = _mm256_set_m128i(hi, lo);
-                            let db = unsafe { *d.get_unchecked(b) };
-                            for j in 0..N {
-                                let xq = unsafe {
-                                    _mm256_loadu_si256(
-                                        x[j].0.as_ptr().add(QBLOCK * b) as *const __m256i
-                                    )
-                                };
-                                let s = db * unsafe { *x[j].1.get_unchecked(b) };
-                                let i = isum_q4(w, xq);
-                                acc[j] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(i),
-                                    _mm256_set1_ps(s),
-                                    acc[j],
-                                );
-                            }
-                        }
-                    }
-                }
-                for j in 0..N {
-                    // The offsets' term, `sum_b m_b s_b`, summed in the order `tile_direct`
-                    // sums it, so a token's result does not depend on its batch.
-                    let mut offsets = 0.0f32;
-                    for (mb, xs) in m.iter().zip(x[j].2) {
-                        offsets += mb * xs;
-                    }
-                    out[j] = hsum(acc[j]) + offsets;
-                }
-            }
-
-            /// Block `b`'s `d` and `m` (see the module above `dot`).
-            #[target_feature(enable = $features)]
-            unsafe fn scales(format: QuantFormat, halves: *const u16, b: usize) -> (f32, f32) {
-                // SAFETY: the caller passes a row holding block `b`'s halves.
-                unsafe {
-                    match format {
-                        QuantFormat::Q4_1 => {
-                            let dm = (halves.add(2 * b) as *const i32).read_unaligned();
-                            let v = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
-                            (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
-                        }
-                        QuantFormat::Q4_0 => {
-                            let d = half(*halves.add(b));
-                            (d, -8.0 * d)
-                        }
-                        QuantFormat::Q8_0 => (half(*halves.add(b)), 0.0),
-                    }
-                }
-            }
-
-            /// `N` tokens of one row: `out[j] = row · x[j]`, each block's scales converted where
-            /// they are used (for one token, cheaper than converting the row first).
-            #[target_feature(enable = $features)]
-            unsafe fn tile_direct<const N: usize>(
-                format: QuantFormat,
-                codes: &[u8],
-                halves: &[u16],
-                nb: usize,
-                x: [(&[i8], &[f32], &[f32]); N],
-                out: &mut [f32],
-            ) {
-                let mut acc = [_mm256_setzero_ps(); N];
-                let mut macc = [0.0f32; N];
-                let cp = codes.as_ptr();
-                let hp = halves.as_ptr();
-                // SAFETY (every load below): the row holds `nb` blocks of codes and scales
-                // and each token `nb * 32` codes and `nb` scales, checked by the caller.
-                match format {
-                    QuantFormat::Q8_0 => {
-                        for b in 0..nb {
-                            let w = unsafe { _mm256_loadu_si256(cp.add(32 * b) as *const __m256i) };
-                            let (d, _) = unsafe { scales(format, hp, b) };
-                            for j in 0..N {
-                                let xq = unsafe {
-                                    _mm256_loadu_si256(
-                                        x[j].0.as_ptr().add(QBLOCK * b) as *const __m256i
-                                    )
-                                };
-                                let s = d * unsafe { *x[j].1.get_unchecked(b) };
-                                let i = isum_q8(w, xq);
-                                acc[j] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(i),
-                                    _mm256_set1_ps(s),
-                                    acc[j],
-                                );
-                            }
-                        }
-                    }
-                    QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-                        let mask = _mm_set1_epi8(15);
-                        for b in 0..nb {
-                            let raw = unsafe { _mm_loadu_si128(cp.add(16 * b) as *const __m128i) };
-                            let lo = _mm_and_si128(raw, mask);
-                            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-                            let w = _mm256_set_m128i(hi, lo);
-                            let (d, m) = unsafe { scales(format, hp, b) };
-                            for j in 0..N {
-                                let xq = unsafe {
-                                    _mm256_loadu_si256(
-                                        x[j].0.as_ptr().add(QBLOCK * b) as *const __m256i
-                                    )
-                                };
-                                let (xd, xs) =
-                                    unsafe { (*x[j].1.get_unchecked(b), *x[j].2.get_unchecked(b)) };
-                                let i = isum_q4(w, xq);
-                                acc[j] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(i),
-                                    _mm256_set1_ps(d * xd),
-                                    acc[j],
-                                );
-                                macc[j] += m * xs;
-                            }
-                        }
-                    }
-                }
-                for j in 0..N {
-                    out[j] = hsum(acc[j]) + macc[j];
-                }
-            }
-
-            /// Every token of `acts` against one row, in tiles of [`TILE`] tokens.
+            /// `N` tokens against one group of eight rows: `out[j][l] = row l · x[j]`.
             ///
             /// # Safety
-            /// The CPU has the level's features.
+            /// The CPU has the level's features; `group` holds `nb` group-blocks of
+            /// `format` and each token `nb` blocks.
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn row(
+            pub(crate) unsafe fn tile<const N: usize>(
                 format: QuantFormat,
-                codes: &[u8],
-                halves: &[u16],
-                acts: &Q8Activations,
-                out: &mut [f32],
-                scratch: &mut Vec<f32>,
+                group: &[u8],
+                nb: usize,
+                x: [(&[i8], &[f32], &[f32]); N],
+                out: &mut [[f32; LANES]],
             ) {
-                let nb = acts.cols / QBLOCK;
-                assert!(codes.len() >= nb * format.code_bytes());
-                assert!(halves.len() >= nb * format.scale_halves());
-                assert!(out.len() >= acts.tokens);
-                if acts.tokens == 1 {
-                    // SAFETY: sizes checked above.
-                    unsafe { tile_direct::<1>(format, codes, halves, nb, [acts.token(0)], out) };
-                    return;
-                }
-                // The row's scales in FP32.
-                scratch.resize(2 * nb, 0.0);
-                let (d, m) = scratch.split_at_mut(nb);
-                row_scales(format, halves, d, m);
-                let (d, m) = (&*d, &*m);
-                let mut t = 0;
-                while t < acts.tokens {
-                    let n = (acts.tokens - t).min(TILE);
-                    let o = &mut out[t..t + n];
-                    // SAFETY: sizes checked above.
-                    unsafe {
-                        match n {
-                            4 => tile::<4>(
-                                format,
-                                codes,
-                                d,
-                                m,
-                                std::array::from_fn(|j| acts.token(t + j)),
-                                o,
-                            ),
-                            3 => tile::<3>(
-                                format,
-                                codes,
-                                d,
-                                m,
-                                std::array::from_fn(|j| acts.token(t + j)),
-                                o,
-                            ),
-                            2 => tile::<2>(
-                                format,
-                                codes,
-                                d,
-                                m,
-                                std::array::from_fn(|j| acts.token(t + j)),
-                                o,
-                            ),
-                            _ => tile::<1>(format, codes, d, m, [acts.token(t)], o),
+                let (gbb, codes_at) = (format.group_block_bytes(), format.group_codes_at());
+                debug_assert!(group.len() >= nb * gbb && out.len() >= N);
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mask = _mm256_set1_epi8(15);
+                // SAFETY (every load below): within the group's `nb` group-blocks and
+                // each token's `nb` blocks, as the caller guarantees.
+                for b in 0..nb {
+                    let block = unsafe { group.as_ptr().add(b * gbb) };
+                    let codes = unsafe { block.add(codes_at) };
+                    let d = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(block as *const __m128i) });
+                    let xb: [*const i8; N] =
+                        std::array::from_fn(|j| unsafe { x[j].0.as_ptr().add(QBLOCK * b) });
+                    let mut isum = [_mm256_setzero_si256(); N];
+                    if format == QuantFormat::Q8_0 {
+                        for c in 0..8 {
+                            let w =
+                                unsafe { _mm256_loadu_si256(codes.add(32 * c) as *const __m256i) };
+                            let aw = _mm256_sign_epi8(w, w);
+                            for j in 0..N {
+                                let xv = unsafe { broadcast(xb[j].add(4 * c)) };
+                                isum[j] = q8_step(isum[j], aw, _mm256_sign_epi8(xv, w));
+                            }
+                        }
+                    } else {
+                        for c in 0..4 {
+                            let raw =
+                                unsafe { _mm256_loadu_si256(codes.add(32 * c) as *const __m256i) };
+                            let lo = _mm256_and_si256(raw, mask);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                            for j in 0..N {
+                                let xl = unsafe { broadcast(xb[j].add(4 * c)) };
+                                let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
+                                isum[j] = q4_step(q4_step(isum[j], lo, xl), hi, xh);
+                            }
+                        }
+                        for s in isum.iter_mut() {
+                            *s = q4_sum(*s);
                         }
                     }
-                    t += n;
+                    let m = match format {
+                        QuantFormat::Q4_1 => _mm256_cvtph_ps(unsafe {
+                            _mm_loadu_si128(block.add(2 * LANES) as *const __m128i)
+                        }),
+                        _ => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
+                    };
+                    for j in 0..N {
+                        let (xd, xs) =
+                            unsafe { (*x[j].1.get_unchecked(b), *x[j].2.get_unchecked(b)) };
+                        let scale = _mm256_mul_ps(d, _mm256_set1_ps(xd));
+                        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), scale, acc[j]);
+                        if format != QuantFormat::Q8_0 {
+                            acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs), acc[j]);
+                        }
+                    }
+                }
+                for j in 0..N {
+                    // SAFETY: out[j] holds LANES values.
+                    unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+                }
+            }
+
+            /// Tokens `t0..t0 + n` (`n` at most 4) against group `group`.
+            ///
+            /// # Safety
+            /// As [`tile`].
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn tokens(
+                format: QuantFormat,
+                group: &[u8],
+                acts: &Q8Activations,
+                t0: usize,
+                n: usize,
+                out: &mut [[f32; LANES]],
+            ) {
+                let nb = acts.cols / QBLOCK;
+                let x = |j: usize| acts.token(t0 + j);
+                // SAFETY: as the caller guarantees.
+                unsafe {
+                    match n {
+                        4 => tile::<4>(format, group, nb, std::array::from_fn(x), out),
+                        3 => tile::<3>(format, group, nb, std::array::from_fn(x), out),
+                        2 => tile::<2>(format, group, nb, std::array::from_fn(x), out),
+                        _ => tile::<1>(format, group, nb, [x(0)], out),
+                    }
                 }
             }
         }
     };
 }
 
-level!(avx2, "avx2,fma,f16c", |w, x|
-    q4: _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)),
-    q8: _mm256_madd_epi16(
-        _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
-        _mm256_set1_epi16(1)
+level!(avx2, "avx2,fma,f16c",
+    // Q4 products fit in 16 bits for a whole block: 8 chunks x 2 x 15 x 127 < 32768.
+    q4: |a, w, x| _mm256_add_epi16(a, _mm256_maddubs_epi16(w, x)),
+    q4_sum: |s| _mm256_madd_epi16(s, _mm256_set1_epi16(1)),
+    q8: |a, w, x| _mm256_add_epi32(
+        a,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
     )
 );
 
-level!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl", |w, x|
-    q4: _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x),
-    q8: _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+level!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl",
+    q4: |a, w, x| _mm256_dpbusd_epi32(a, w, x),
+    q4_sum: |s| s,
+    q8: |a, w, x| _mm256_dpbusd_epi32(a, w, x)
 );

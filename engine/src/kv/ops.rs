@@ -134,7 +134,7 @@ where
         };
         let device = q.device();
         let dims = q.dims();
-        let q: Vec<f32> = q.into_data().into_vec().expect("FP32 queries");
+        let q = crate::host_values::host_f32(q);
         let seqs: Vec<SeqRows> = batch
             .seqs
             .iter()
@@ -169,13 +169,13 @@ where
         if FloatElem::<Self>::dtype() != burn::tensor::DType::F32 {
             return reference_contiguous(q, k, v, start, n_heads);
         }
-        let host = |t: Tensor<Self, 3>| -> Vec<f32> { t.into_data().into_vec().expect("FP32") };
+        let host = |t: Tensor<Self, 3>| crate::host_values::host_f32(t);
         let dims = AttentionDims {
             n_heads,
             n_kv_heads,
             head_dim,
         };
-        let q: Vec<f32> = q.into_data().into_vec().expect("FP32 queries");
+        let q = crate::host_values::host_f32(q);
         let out = fornax_cpu::attention::contiguous_attention(&q, &host(k), &host(v), start, dims);
         Tensor::from_data(burn::tensor::TensorData::new(out, [tokens, width]), &device)
     }

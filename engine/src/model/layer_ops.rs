@@ -9,6 +9,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use fornax_cpu::layer_ops;
 
 use super::Rope;
+use crate::host_values::host_f32;
 
 /// Backends with their own RMSNorm, SwiGLU gate and RoPE.
 pub trait LayerOps: Backend {
@@ -58,9 +59,15 @@ fn f32_backend<B: Backend>() -> bool {
 }
 
 /// `x`'s values on the host, with its shape.
-fn host<B: Backend, const D: usize>(x: Tensor<B, D>) -> (Vec<f32>, Shape) {
+fn host<E, I, Q, const D: usize>(x: Tensor<NdArray<E, I, Q>, D>) -> (Vec<f32>, Shape)
+where
+    E: burn::backend::ndarray::FloatNdArrayElement,
+    I: burn::backend::ndarray::IntNdArrayElement,
+    Q: burn::backend::ndarray::QuantElement,
+    NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
+{
     let shape = x.shape();
-    (x.into_data().into_vec().expect("FP32 values"), shape)
+    (host_f32(x), shape)
 }
 
 fn tensor<B: Backend, const D: usize>(

@@ -20,9 +20,9 @@ pub enum QuantStore<B: Backend> {
         /// Scale words.
         scales: Tensor<B, 1, Int>,
     },
-    /// In host memory as packed (the CPU kernels): shared, never copied.
+    /// In host memory, interleaved for the CPU kernels: shared, never copied.
     Host {
-        packed: Arc<PackedMatrix>,
+        weights: Arc<fornax_cpu::InterleavedWeights>,
         device: B::Device,
     },
 }
@@ -51,12 +51,12 @@ impl<B: QuantOps> QuantMatrix<B> {
         Self::from_packed(packed.clone(), device)
     }
 
-    /// As [`QuantMatrix::upload`], keeping `packed` itself when the words stay on the host.
+    /// As [`QuantMatrix::upload`], taking `packed` (dropped once placed).
     pub fn from_packed(packed: PackedMatrix, device: &B::Device) -> Self {
         let (ggml_type, rows, cols) = (packed.ggml_type, packed.rows, packed.cols);
         let store = if B::quant_on_host() {
             QuantStore::Host {
-                packed: Arc::new(packed),
+                weights: Arc::new(fornax_cpu::InterleavedWeights::new(&packed.cpu_view())),
                 device: device.clone(),
             }
         } else {
@@ -83,10 +83,10 @@ impl<B: Backend> QuantMatrix<B> {
         }
     }
 
-    /// The packed words in host memory; `None` when held on the device.
-    pub fn host(&self) -> Option<&PackedMatrix> {
+    /// The interleaved blocks in host memory; `None` when held on the device.
+    pub fn host(&self) -> Option<&fornax_cpu::InterleavedWeights> {
         match &self.store {
-            QuantStore::Host { packed, .. } => Some(packed),
+            QuantStore::Host { weights, .. } => Some(weights),
             QuantStore::Device { .. } => None,
         }
     }
@@ -102,7 +102,16 @@ impl<B: Backend> QuantMatrix<B> {
     /// The packed words, read back from the device if they live there.
     pub fn download(&self) -> PackedMatrix {
         let (quants, scales) = match &self.store {
-            QuantStore::Host { packed, .. } => return packed.as_ref().clone(),
+            QuantStore::Host { weights, .. } => {
+                let (codes, halves) = weights.to_row_major();
+                return PackedMatrix::from_blocks(
+                    self.ggml_type,
+                    self.rows,
+                    self.cols,
+                    &codes,
+                    &halves,
+                );
+            }
             QuantStore::Device { quants, scales } => (quants, scales),
         };
         let host = |t: &Tensor<B, 1, Int>| -> Vec<u32> {
@@ -122,7 +131,7 @@ impl<B: Backend> QuantMatrix<B> {
     pub fn bytes(&self) -> usize {
         match &self.store {
             QuantStore::Device { quants, scales } => 4 * (quants.dims()[0] + scales.dims()[0]),
-            QuantStore::Host { packed, .. } => packed.bytes(),
+            QuantStore::Host { weights, .. } => weights.bytes(),
         }
     }
 }

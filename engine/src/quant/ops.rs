@@ -9,7 +9,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use fornax_shaders::quant_launch::{self, QuantTensors};
 use fornax_shaders::quant_matmul::MATVEC_MAX_TOKENS;
 
-use super::{PackedMatrix, QuantMatrix};
+use super::QuantMatrix;
 
 /// Backends that can multiply by block-quantized weights.
 pub trait QuantOps: Backend {
@@ -99,16 +99,16 @@ where
     }
 
     fn quant_matmul_many(x: Tensor<Self, 2>, ws: &[&QuantMatrix<Self>]) -> Vec<Tensor<Self, 2>> {
-        let packed: Option<Vec<&PackedMatrix>> = ws.iter().map(|w| w.host()).collect();
-        let Some(packed) = packed.filter(|_| Self::has_quant_kernels()) else {
+        let host: Option<Vec<&fornax_cpu::InterleavedWeights>> =
+            ws.iter().map(|w| w.host()).collect();
+        let Some(host) = host.filter(|_| Self::has_quant_kernels()) else {
             return ws.iter().map(|w| reference_matmul(x.clone(), w)).collect();
         };
         let device = x.device();
         let [tokens, cols] = x.dims();
-        let x: Vec<f32> = x.into_data().into_vec().expect("FP32 activations");
+        let x = crate::host_values::host_f32(x);
         let acts = fornax_cpu::Q8Activations::quantize(&x, tokens, cols);
-        let views: Vec<_> = packed.iter().map(|p| p.cpu_view()).collect();
-        fornax_cpu::matmul_many(&views, &acts, fornax_cpu::SimdLevel::best())
+        fornax_cpu::matmul_many(&host, &acts, fornax_cpu::SimdLevel::best())
             .into_iter()
             .zip(ws)
             .map(|(out, w)| Tensor::from_data(TensorData::new(out, [tokens, w.rows]), &device))
@@ -116,7 +116,7 @@ where
     }
 
     fn quant_rows(ids: Tensor<Self, 1, Int>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
-        let Some(packed) = w.host().filter(|_| Self::has_quant_kernels()) else {
+        let Some(host) = w.host().filter(|_| Self::has_quant_kernels()) else {
             return reference_rows(ids, w);
         };
         let device = ids.device();
@@ -126,7 +126,7 @@ where
             .iter::<i64>()
             .map(|i| i as usize)
             .collect();
-        let out = packed.cpu_view().gather_rows(&ids);
+        let out = host.gather_rows(&ids);
         Tensor::from_data(TensorData::new(out, [ids.len(), w.cols]), &device)
     }
 }

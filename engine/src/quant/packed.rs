@@ -46,33 +46,45 @@ impl PackedMatrix {
         if !cols.is_multiple_of(QBLOCK) || bytes.len() != blocks * block_bytes {
             return None;
         }
-        let words = quant_words(format);
         // Offset of the codes in a block: after d (and m for Q4_1).
         let codes_at = if ty == GgmlType::Q4_1 { 4 } else { 2 };
-        let mut quants = Vec::with_capacity(blocks * words);
+        let mut codes = Vec::with_capacity(blocks * (block_bytes - codes_at));
         let mut halves: Vec<u16> = Vec::with_capacity(blocks * 2);
         for block in bytes.chunks_exact(block_bytes) {
             halves.push(u16::from_le_bytes([block[0], block[1]]));
             if ty == GgmlType::Q4_1 {
                 halves.push(u16::from_le_bytes([block[2], block[3]]));
             }
-            let codes = &block[codes_at..];
-            quants.extend(
-                codes
-                    .chunks_exact(4)
-                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-            );
+            codes.extend_from_slice(&block[codes_at..]);
         }
+        debug_assert_eq!(codes.len(), blocks * 4 * quant_words(format));
+        Some(Self::from_blocks(ty, rows, cols, &codes, &halves))
+    }
+
+    /// The matrix from its blocks' codes (in the file's order) and scale halves (Q4_1:
+    /// `d, m` per block), as the CPU kernels' layout gives them back.
+    pub fn from_blocks(
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        codes: &[u8],
+        halves: &[u16],
+    ) -> Self {
+        let quants = codes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut halves = halves.to_vec();
         if halves.len() % 2 == 1 {
             halves.push(0);
         }
-        Some(Self {
+        Self {
             ggml_type: ty,
             rows,
             cols,
             quants,
             scales: cast_slice::<u16, u32>(&halves).to_vec(),
-        })
+        }
     }
 
     /// The kernels' format code.

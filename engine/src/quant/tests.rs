@@ -1,4 +1,4 @@
-use fornax_cpu::{Q8Activations, SimdLevel};
+use fornax_cpu::{InterleavedWeights, Q8Activations, SimdLevel, LANES};
 use half::f16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -94,33 +94,37 @@ fn cpu_kernels_match_the_gguf_dequantization_at_every_simd_level() {
     let levels = SimdLevel::available();
     assert!(levels.contains(&SimdLevel::Portable));
     for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-        for (rows, cols, tokens) in [(1, 32, 1), (37, 96, 3), (70, 160, 9), (19, 576, 4)] {
+        for (rows, cols, tokens) in [
+            (1, 32, 1),
+            (37, 96, 3),
+            (70, 160, 9),
+            (19, 576, 4),
+            (64, 1536, 6),
+        ] {
             let bytes = random_blocks(ty, rows, cols, &mut rng);
             let mut w = vec![0.0f32; rows * cols];
             ty.dequantize(&bytes, &mut w);
             let packed = PackedMatrix::pack(ty, &bytes, rows, cols).unwrap();
+            let il = InterleavedWeights::new(&packed.cpu_view());
             let x: Vec<f32> = (0..tokens * cols)
                 .map(|_| rng.random_range(-2.0f32..2.0))
                 .collect();
             let acts = Q8Activations::quantize(&x, tokens, cols);
             let xq = acts.dequantize();
-            // The SIMD levels group the integer sums alike (four bytes per lane) and
-            // accumulate in the same order: their results are identical, so which one
+            // The levels' integer sums are exact and they accumulate with the same fused
+            // multiply-adds in the same order: their results are identical, so which one
             // `SimdLevel::best` measures fastest never changes an output.
-            let simd: Vec<Vec<f32>> = levels[1..]
-                .iter()
-                .map(|&l| packed.cpu_view().matmul_q8(&acts, l))
-                .collect();
+            let all: Vec<Vec<f32>> = levels.iter().map(|&l| il.matmul_q8(&acts, l)).collect();
             assert!(
-                simd.windows(2).all(|p| p[0] == p[1]),
-                "{ty:?}: SIMD levels differ"
+                all.windows(2).all(|p| p[0] == p[1]),
+                "{ty:?} [{rows}x{cols}]: levels differ"
             );
             for &level in &levels {
-                let got = packed.cpu_view().matmul_q8(&acts, level);
+                let got = il.matmul_q8(&acts, level);
                 assert_eq!(got.len(), tokens * rows);
                 // A token's result does not depend on the batch it is in.
                 let alone = Q8Activations::quantize(&x[..cols], 1, cols);
-                let alone = packed.cpu_view().matmul_q8(&alone, level);
+                let alone = il.matmul_q8(&alone, level);
                 assert_eq!(
                     alone,
                     got[..rows],
@@ -179,7 +183,9 @@ fn cpu_backend_keeps_blocks_on_the_host_and_multiplies_with_the_kernels() {
     let packed = PackedMatrix::pack(GgmlType::Q4_1, &bytes, rows, cols).unwrap();
     let w = QuantMatrix::<Cpu>::upload(&packed, &device);
     assert!(Cpu::has_quant_kernels() && w.host().is_some() && w.device_words().is_none());
-    assert_eq!(w.bytes(), bytes.len());
+    // The file's bytes, plus the zero rows that fill the last group of eight.
+    assert_eq!(w.bytes(), bytes.len() / rows * rows.next_multiple_of(LANES));
+    assert_eq!(w.download(), packed);
     let x: Vec<f32> = (0..2 * cols)
         .map(|_| rng.random_range(-1.0f32..1.0))
         .collect();
@@ -188,8 +194,7 @@ fn cpu_backend_keeps_blocks_on_the_host_and_multiplies_with_the_kernels() {
         .into_data()
         .to_vec()
         .unwrap();
-    let want = packed
-        .cpu_view()
+    let want = InterleavedWeights::new(&packed.cpu_view())
         .matmul_q8(&Q8Activations::quantize(&x, 2, cols), SimdLevel::best());
     assert_eq!(got, want);
 }
