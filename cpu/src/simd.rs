@@ -9,13 +9,27 @@ pub enum SimdLevel {
     Avx2,
     /// x86-64 AVX-512 VNNI on 256-bit vectors (`vpdpbusd`).
     Avx512Vnni,
+    /// arm64 NEON (`smull` and pairwise adds).
+    Neon,
+    /// arm64 NEON with the dot-product extension (`sdot`).
+    NeonDotprod,
 }
 
 impl SimdLevel {
     /// Every level this CPU can run, slowest first.
     pub fn available() -> Vec<Self> {
-        #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
+        #[cfg_attr(
+            not(any(target_arch = "x86_64", target_arch = "aarch64")),
+            allow(unused_mut)
+        )]
         let mut levels = vec![Self::Portable];
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            levels.push(Self::Neon);
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                levels.push(Self::NeonDotprod);
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx2")
@@ -33,9 +47,8 @@ impl SimdLevel {
 
     /// Whether this CPU can run the level (detected once; cheap enough for every call).
     pub fn is_available(self) -> bool {
-        static NEWEST: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
-        // `available` lists a prefix of the levels in order.
-        self <= *NEWEST.get_or_init(|| *Self::available().last().expect("portable"))
+        static LEVELS: std::sync::OnceLock<Vec<SimdLevel>> = std::sync::OnceLock::new();
+        LEVELS.get_or_init(Self::available).contains(&self)
     }
 
     /// The fastest level on this CPU, measured once: a newer instruction set is not
@@ -66,6 +79,8 @@ impl SimdLevel {
             Self::Portable => "portable",
             Self::Avx2 => "avx2",
             Self::Avx512Vnni => "avx512-vnni",
+            Self::Neon => "neon",
+            Self::NeonDotprod => "neon-dotprod",
         }
     }
 }

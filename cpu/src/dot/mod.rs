@@ -6,6 +6,8 @@
 //! Each lane (row) accumulates `fma(sum, d_w d_x, acc)` then `fma(m_w, s_x, acc)` block by
 //! block, whatever the batch, so a token's result does not depend on the tokens beside it.
 
+#[cfg(target_arch = "aarch64")]
+mod arm;
 mod portable;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -41,6 +43,14 @@ pub(crate) fn group_dots(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         SimdLevel::Avx512Vnni => unsafe { x86::vnni::tokens(w.format, group, acts, t0, n, out) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        SimdLevel::Neon => unsafe { arm::neon::tokens(w.format, group, acts, t0, n, out) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: as above.
+        SimdLevel::NeonDotprod => unsafe {
+            arm::dotprod::tokens(w.format, group, acts, t0, n, out)
+        },
         _ => portable::tokens(w.format, group, acts, t0, n, out),
     }
 }

@@ -1,0 +1,157 @@
+//! arm64 levels: NEON (`smull` + pairwise adds, any arm64) and NEON with the dot-product
+//! extension (`sdot`), stamped from one body; they differ only in how a chunk's integer
+//! products are summed, and integer sums are exact, so both give identical results (and
+//! the same as the other levels).
+//!
+//! A group-block's eight rows sit in two vectors of four lanes (see
+//! `crate::interleaved`): each half of a 32-byte chunk of codes holds four bytes of four
+//! rows, multiplied by the token's four matching activation bytes broadcast to every lane.
+//! Q4 codes (0..15) and Q8_0 codes both multiply as signed bytes.
+
+macro_rules! level {
+    ($name:ident, $features:literal, |$a:ident, $w:ident, $x:ident| $step:expr) => {
+        pub(super) mod $name {
+            use std::arch::aarch64::*;
+
+            use crate::activations::Q8Activations;
+            use crate::format::{QuantFormat, QBLOCK};
+            use crate::interleaved::{group_scales, LANES};
+
+            /// Adds to each `i32` lane of `a` the products of its four bytes of `w` and `x`.
+            #[target_feature(enable = $features)]
+            fn step($a: int32x4_t, $w: int8x16_t, $x: int8x16_t) -> int32x4_t {
+                $step
+            }
+
+            /// Four activation bytes in every lane.
+            #[target_feature(enable = $features)]
+            unsafe fn broadcast(x: *const i8) -> int8x16_t {
+                // SAFETY: the caller passes four readable bytes.
+                vreinterpretq_s8_s32(vdupq_n_s32(unsafe { (x as *const i32).read_unaligned() }))
+            }
+
+            /// `N` tokens against one group of eight rows: `out[j][l] = row l · x[j]`.
+            ///
+            /// # Safety
+            /// The CPU has the level's features; `group` holds `nb` group-blocks of
+            /// `format` and each token `nb` blocks.
+            #[target_feature(enable = $features)]
+            unsafe fn tile<const N: usize>(
+                format: QuantFormat,
+                group: &[u8],
+                nb: usize,
+                x: [(&[i8], &[f32], &[f32]); N],
+                out: &mut [[f32; LANES]],
+            ) {
+                let (gbb, codes_at) = (format.group_block_bytes(), format.group_codes_at());
+                let mut acc = [[vdupq_n_f32(0.0); 2]; N];
+                let mask = vdupq_n_u8(15);
+                for b in 0..nb {
+                    let block = &group[b * gbb..(b + 1) * gbb];
+                    let (d, m) = group_scales(format, block);
+                    // SAFETY (every load below): within the group-block and each token's
+                    // block `b`, as the caller guarantees.
+                    let (d, m) = unsafe {
+                        (
+                            [vld1q_f32(d.as_ptr()), vld1q_f32(d.as_ptr().add(4))],
+                            [vld1q_f32(m.as_ptr()), vld1q_f32(m.as_ptr().add(4))],
+                        )
+                    };
+                    let codes = unsafe { block.as_ptr().add(codes_at) };
+                    let xb: [*const i8; N] =
+                        std::array::from_fn(|j| unsafe { x[j].0.as_ptr().add(QBLOCK * b) });
+                    let mut isum = [[vdupq_n_s32(0); 2]; N];
+                    if format == QuantFormat::Q8_0 {
+                        for c in 0..8 {
+                            for h in 0..2 {
+                                let w =
+                                    unsafe { vld1q_s8(codes.add(32 * c + 16 * h) as *const i8) };
+                                for j in 0..N {
+                                    let xv = unsafe { broadcast(xb[j].add(4 * c)) };
+                                    isum[j][h] = step(isum[j][h], w, xv);
+                                }
+                            }
+                        }
+                    } else {
+                        for c in 0..4 {
+                            for h in 0..2 {
+                                let raw = unsafe { vld1q_u8(codes.add(32 * c + 16 * h)) };
+                                let lo = vreinterpretq_s8_u8(vandq_u8(raw, mask));
+                                let hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+                                for j in 0..N {
+                                    let xl = unsafe { broadcast(xb[j].add(4 * c)) };
+                                    let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
+                                    isum[j][h] = step(step(isum[j][h], lo, xl), hi, xh);
+                                }
+                            }
+                        }
+                    }
+                    for j in 0..N {
+                        let (xd, xs) = (x[j].1[b], x[j].2[b]);
+                        for h in 0..2 {
+                            let scale = vmulq_f32(d[h], vdupq_n_f32(xd));
+                            acc[j][h] = vfmaq_f32(acc[j][h], vcvtq_f32_s32(isum[j][h]), scale);
+                            if format != QuantFormat::Q8_0 {
+                                acc[j][h] = vfmaq_f32(acc[j][h], m[h], vdupq_n_f32(xs));
+                            }
+                        }
+                    }
+                }
+                for j in 0..N {
+                    // SAFETY: out[j] holds LANES = 8 values.
+                    unsafe {
+                        vst1q_f32(out[j].as_mut_ptr(), acc[j][0]);
+                        vst1q_f32(out[j].as_mut_ptr().add(4), acc[j][1]);
+                    }
+                }
+            }
+
+            /// Tokens `t0..t0 + n` (`n` at most 4) against group `group`.
+            ///
+            /// # Safety
+            /// As [`tile`].
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn tokens(
+                format: QuantFormat,
+                group: &[u8],
+                acts: &Q8Activations,
+                t0: usize,
+                n: usize,
+                out: &mut [[f32; LANES]],
+            ) {
+                let nb = acts.cols / QBLOCK;
+                let x = |j: usize| acts.token(t0 + j);
+                // SAFETY: as the caller guarantees.
+                unsafe {
+                    match n {
+                        4 => tile::<4>(format, group, nb, std::array::from_fn(x), out),
+                        3 => tile::<3>(format, group, nb, std::array::from_fn(x), out),
+                        2 => tile::<2>(format, group, nb, std::array::from_fn(x), out),
+                        _ => tile::<1>(format, group, nb, [x(0)], out),
+                    }
+                }
+            }
+        }
+    };
+}
+
+level!(neon, "neon", |a, w, x| {
+    let lo = vmull_s8(vget_low_s8(w), vget_low_s8(x));
+    let hi = vmull_high_s8(w, x);
+    vaddq_s32(a, vpaddq_s32(vpaddlq_s16(lo), vpaddlq_s16(hi)))
+});
+
+level!(dotprod, "neon,dotprod", |a, w, x| {
+    let mut a = a;
+    // SAFETY: `sdot` reads and writes registers only; the level has the extension.
+    unsafe {
+        std::arch::asm!(
+            "sdot {a:v}.4s, {w:v}.16b, {x:v}.16b",
+            a = inout(vreg) a,
+            w = in(vreg) w,
+            x = in(vreg) x,
+            options(pure, nomem, nostack)
+        );
+    }
+    a
+});
