@@ -7,7 +7,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::kv::{KvStats, PagedKv};
 use crate::model::{LlamaModel, Logits, ModelError, SeqTokens};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{argmax_rows, Sampler, SamplingParams};
 use crate::sched::{
     FinishReason, KvBlocks, PolicyKind, RequestId, Scheduler, SchedulerConfig, SubmitError,
 };
@@ -154,28 +154,39 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         self.tokens_computed += plan.tokens() as u64;
         self.last_batch = (plan.batch.len(), plan.tokens());
 
-        // Read back only the rows that sample.
+        // Only the rows that sample are read back: their tokens when every sampler is
+        // greedy (chosen on the device), else their logits.
         let rows: Vec<i64> = (0..plan.batch.len())
             .filter(|&i| plan.batch[i].samples)
             .map(|i| i as i64)
             .collect();
+        let greedy = rows.iter().all(|&i| {
+            self.decoding[&plan.batch[i as usize].id]
+                .sampler
+                .is_greedy()
+        });
         let vocab = self.model.config.vocab_size;
-        let host = match rows.is_empty() {
-            true => Vec::new(),
-            false => {
-                let idx = Tensor::<B, 1, Int>::from_data(
-                    TensorData::new(rows.clone(), [rows.len()]),
-                    &self.model.device(),
-                );
-                logits_to_vec(logits.select(0, idx))
+        let (mut tokens, mut host) = (Vec::new(), Vec::new());
+        if !rows.is_empty() {
+            let idx = Tensor::<B, 1, Int>::from_data(
+                TensorData::new(rows.clone(), [rows.len()]),
+                &self.model.device(),
+            );
+            let picked = logits.select(0, idx);
+            match greedy {
+                true => tokens = argmax_rows(picked),
+                false => host = logits_to_vec(picked),
             }
-        };
+        }
         let mut row = 0;
         for s in &plan.batch {
             let mut sampled = None;
             if s.samples {
                 let d = self.decoding.get_mut(&s.id).expect("in flight");
-                let token = d.sampler.sample(&host[row * vocab..(row + 1) * vocab]);
+                let token = match greedy {
+                    true => tokens[row],
+                    false => d.sampler.sample(&host[row * vocab..(row + 1) * vocab]),
+                };
                 row += 1;
                 sampled = Some(token);
                 events.push(Event::Token { id: s.id, token });

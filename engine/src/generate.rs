@@ -1,10 +1,11 @@
 //! The generation loop for one sequence: chunked prefill, then one token per step.
 
+use crate::device_counts::{read_back, read_back_async};
 use crate::EngineBackend;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
 use crate::model::{LlamaModel, Logits, ModelError};
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{argmax_rows, argmax_rows_async, Sampler, SamplingParams};
 use crate::seq_cache::SeqCache;
 
 /// Settings of one generation.
@@ -32,16 +33,15 @@ impl Default for GenerateParams {
 
 /// Reads a `[1, vocab]` or `[rows, vocab]` logits tensor back to the host.
 pub fn logits_to_vec<B: Backend>(logits: Tensor<B, 2>) -> Vec<f32> {
-    floats(logits.into_data())
+    floats(read_back(logits))
 }
 
 /// [`logits_to_vec`] without blocking the thread: the way to read logits in a browser,
 /// where WebGPU maps buffers only asynchronously.
 pub async fn logits_to_vec_async<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<f32>, ModelError> {
-    let data = logits
-        .into_data_async()
+    let data = read_back_async(logits)
         .await
-        .map_err(|e| ModelError::Readback(format!("{e:?}")))?;
+        .map_err(ModelError::Readback)?;
     Ok(floats(data))
 }
 
@@ -51,7 +51,7 @@ fn floats(data: TensorData) -> Vec<f32> {
 
 /// Runs the prompt through the model in chunks and returns the last position's logits,
 /// still on the device.
-fn prefill_logits<B: EngineBackend>(
+pub fn prefill_logits<B: EngineBackend>(
     model: &LlamaModel<B>,
     prompt: &[u32],
     cache: &mut impl SeqCache<B>,
@@ -122,6 +122,30 @@ impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
         token
     }
 
+    /// Picks the next token from the last pass's logits where they are (greedy: on the
+    /// device, reading back one id; otherwise the row is read back and sampled) and
+    /// records it.
+    pub fn pick(&mut self, logits: Tensor<B, 2>) -> u32 {
+        if self.sampler.is_greedy() {
+            let token = argmax_rows(logits)[0];
+            self.tokens.push(token);
+            return token;
+        }
+        self.sample(&logits_to_vec(logits))
+    }
+
+    /// [`Generation::pick`] without blocking the thread (in a browser).
+    pub async fn pick_async(&mut self, logits: Tensor<B, 2>) -> Result<u32, ModelError> {
+        if self.sampler.is_greedy() {
+            let token = argmax_rows_async(logits)
+                .await
+                .map_err(ModelError::Readback)?[0];
+            self.tokens.push(token);
+            return Ok(token);
+        }
+        Ok(self.sample(&logits_to_vec_async(logits).await?))
+    }
+
     /// Whether generation ends here: `max_tokens` reached, a stop token sampled, or the
     /// context full.
     pub fn finished(&self) -> bool {
@@ -176,7 +200,7 @@ pub fn generate_in<B: EngineBackend>(
     }
     let (mut generation, mut logits) = Generation::start(model, cache, prompt, params.clone())?;
     loop {
-        let token = generation.sample(&logits_to_vec(logits));
+        let token = generation.pick(logits);
         if !on_token(token) || generation.finished() {
             return Ok(generation.into_tokens());
         }

@@ -3,6 +3,7 @@
 
 mod backend;
 pub use backend::{DeviceMemory, DeviceMemoryInfo, EngineBackend};
+pub mod device_counts;
 pub mod gguf;
 pub mod kv;
 pub mod model;
@@ -15,7 +16,8 @@ pub mod tokenizer;
 mod generate;
 mod host_values;
 pub use generate::{
-    generate, generate_in, logits_to_vec, logits_to_vec_async, prefill, GenerateParams, Generation,
+    generate, generate_in, logits_to_vec, logits_to_vec_async, prefill, prefill_logits,
+    GenerateParams, Generation,
 };
 pub mod score;
 pub mod seq_cache;

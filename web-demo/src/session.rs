@@ -10,7 +10,7 @@ use fornax_engine::model::{LlamaModel, LoadOptions};
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::{ChatMessage, TextStream, Tokenizer};
-use fornax_engine::{logits_to_vec_async, GenerateParams, Generation};
+use fornax_engine::{GenerateParams, Generation};
 use js_sys::{Function, Promise, Uint32Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
@@ -164,7 +164,7 @@ impl Inner {
             Generation::start(&self.model, seq, prompt, params).map_err(js_error)?;
         let mut text = TextStream::default();
         loop {
-            let token = generation.sample(&logits_to_vec_async(logits).await.map_err(js_error)?);
+            let token = generation.pick_async(logits).await.map_err(js_error)?;
             let done = generation.finished();
             let mut piece = match stop_ids.contains(&token) {
                 true => String::new(),

@@ -252,8 +252,7 @@ impl<B: Backend> KvStore<B> {
                     .iter()
                     .map(|a| a.scales(tier).select(0, slot_ids.clone()))
                     .collect();
-                let words: Vec<u32> = Tensor::cat(words, 0)
-                    .into_data()
+                let words: Vec<u32> = crate::device_counts::read_back(Tensor::cat(words, 0))
                     .convert::<i64>()
                     .into_vec::<i64>()
                     .expect("int data")
@@ -394,7 +393,7 @@ pub(crate) fn ids<B: Backend>(values: &[u32], device: &B::Device) -> Tensor<B, 1
 }
 
 fn to_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data()
+    crate::device_counts::read_back(t)
         .convert::<f32>()
         .into_vec::<f32>()
         .expect("f32 data")

@@ -115,7 +115,7 @@ impl<B: Backend> QuantMatrix<B> {
             QuantStore::Device { quants, scales } => (quants, scales),
         };
         let host = |t: &Tensor<B, 1, Int>| -> Vec<u32> {
-            let data = t.to_data().convert::<i32>();
+            let data = crate::device_counts::read_back(t.clone()).convert::<i32>();
             data.iter::<i32>().map(|w| w as u32).collect()
         };
         PackedMatrix {

@@ -2,6 +2,9 @@
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
+mod device;
+pub use device::{argmax_rows, argmax_rows_async};
+
 /// Sampling settings. `temperature == 0` means greedy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -57,12 +60,18 @@ impl Sampler {
         Self { params, rng }
     }
 
+    /// Whether it always takes the most likely token (which the device can pick:
+    /// [`argmax_rows`]).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature <= 0.0 || self.params.top_k == 1
+    }
+
     /// Picks the next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let p = &self.params;
-        if p.temperature <= 0.0 || p.top_k == 1 {
+        if self.is_greedy() {
             return argmax(logits);
         }
+        let p = &self.params;
         let mut cands: Vec<(u32, f32)> = logits
             .iter()
             .enumerate()

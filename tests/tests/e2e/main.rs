@@ -8,6 +8,7 @@ mod common;
 
 mod bad_input;
 mod dequant;
+mod device_counts;
 mod engine_batching;
 mod kv_kernels;
 mod kv_memory;

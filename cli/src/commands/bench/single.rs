@@ -6,10 +6,12 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
+use fornax_engine::device_counts::{counted, DeviceCounts};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
+use fornax_engine::sampling::argmax_rows;
 use fornax_engine::tokenizer::Tokenizer;
-use fornax_engine::{logits_to_vec, prefill, EngineBackend};
+use fornax_engine::{prefill_logits, EngineBackend};
 
 use super::super::{load_model, parse, tokenizer, ModelArgs};
 use super::{median, text_prompt};
@@ -47,6 +49,8 @@ struct PathFigures {
     load_s: f64,
     prefill_tps: f64,
     decode_tps: f64,
+    /// Dispatches, read-backs and bytes read back per decoded token (the last run).
+    per_token: DeviceCounts,
 }
 
 impl Single<'_> {
@@ -71,16 +75,21 @@ impl Single<'_> {
             .map(|(after, before)| after.bytes_in_use.saturating_sub(before.bytes_in_use));
         let prompt = self.prompt()?;
         let (mut prefill_tps, mut decode_tps) = (Vec::new(), Vec::new());
+        let mut decode_counts = DeviceCounts::default();
         for run in 0..=a.runs {
             let mut cache = model.new_cache();
             let t = Instant::now();
-            let mut logits = prefill(&model, &prompt, &mut cache, 256)?;
+            let mut next = argmax_rows(prefill_logits(&model, &prompt, &mut cache, 256)?)[0];
             let prefill_s = t.elapsed().as_secs_f64();
             let t = Instant::now();
-            for _ in 0..a.gen_tokens {
-                let next = fornax_engine::sampling::argmax(&logits);
-                logits = logits_to_vec(model.forward(&[next], &mut cache, Logits::Last)?);
-            }
+            let decoded: Result<()>;
+            (decoded, decode_counts) = counted(|| {
+                for _ in 0..a.gen_tokens {
+                    next = argmax_rows(model.forward(&[next], &mut cache, Logits::Last)?)[0];
+                }
+                Ok(())
+            });
+            decoded?;
             let decode_s = t.elapsed().as_secs_f64();
             if run > 0 {
                 prefill_tps.push(prompt.len() as f64 / prefill_s);
@@ -96,6 +105,11 @@ impl Single<'_> {
             load_s,
             prefill_tps: median(prefill_tps),
             decode_tps: median(decode_tps),
+            per_token: DeviceCounts {
+                dispatches: decode_counts.dispatches / a.gen_tokens.max(1) as u64,
+                syncs: decode_counts.syncs / a.gen_tokens.max(1) as u64,
+                read_bytes: decode_counts.read_bytes / a.gen_tokens.max(1) as u64,
+            },
         })
     }
 }
@@ -127,9 +141,9 @@ impl BackendTask for Single<'_> {
             println!("this backend has no quantized-weight kernels: weights are FP32");
         }
         println!(
-            "| weights | quantized matrices | weight bytes | device memory (vs file) | load s | prefill tok/s | decode tok/s |"
+            "| weights | quantized matrices | weight bytes | device memory (vs file) | load s | prefill tok/s | decode tok/s | dispatches per decoded token | syncs per decoded token | bytes read back per token |"
         );
-        println!("|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         for p in &paths {
             let device = match p.device_bytes {
                 Some(b) => format!(
@@ -140,14 +154,17 @@ impl BackendTask for Single<'_> {
                 None => "host memory".to_string(),
             };
             println!(
-                "| {} | {}/{} | {} | {device} | {:.2} | {:.1} | {:.2} |",
+                "| {} | {}/{} | {} | {device} | {:.2} | {:.1} | {:.2} | {} | {} | {} |",
                 p.name,
                 p.quantized,
                 p.matrices,
                 mb(p.weight_bytes as u64),
                 p.load_s,
                 p.prefill_tps,
-                p.decode_tps
+                p.decode_tps,
+                p.per_token.dispatches,
+                p.per_token.syncs,
+                p.per_token.read_bytes
             );
         }
         if let [q, f] = &paths[..] {

@@ -1,0 +1,123 @@
+//! Dispatches and host-device synchronisations per decode step, counted exactly
+//! (`fornax_engine::device_counts`), and greedy tokens chosen on the device.
+
+use burn::tensor::{Tensor, TensorData};
+use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
+use fornax_engine::device_counts::{counted, DeviceCounts};
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
+use fornax_engine::prefill_logits;
+use fornax_engine::sampling::{argmax, argmax_rows};
+use fornax_engine::EngineBackend;
+
+use crate::common::{model_file, run_on};
+
+/// Two greedy decode steps of the real model after an 8-token prompt, each counted: the
+/// layer count and the steps' counts.
+struct DecodeSteps;
+
+impl BackendTask for DecodeSteps {
+    type Output = (usize, [DeviceCounts; 2]);
+
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
+        let gguf = GgufFile::parse(model_file().bytes()).expect("model");
+        let model =
+            LlamaModel::<B>::from_gguf_with(&gguf, &device, LoadOptions::default(), &mut |_, _| {})
+                .expect("model");
+        let mut cache = model.new_cache();
+        let prompt = [1, 504, 3575, 282, 4649, 314, 253, 2];
+        let logits = prefill_logits(&model, &prompt, &mut cache, 256).expect("prefill");
+        let mut next = argmax_rows(logits)[0];
+        let steps = [(); 2].map(|_| {
+            let (token, counts) = counted(|| {
+                let logits = model
+                    .forward(&[next], &mut cache, Logits::Last)
+                    .expect("decode");
+                argmax_rows(logits)[0]
+            });
+            next = token;
+            counts
+        });
+        eprintln!(
+            "[{} on {}] decode step: {} dispatches ({:.1} per layer), {} syncs, {} bytes read back",
+            info.kind,
+            info.adapter,
+            steps[1].dispatches,
+            steps[1].dispatches as f64 / model.config.n_layers as f64,
+            steps[1].syncs,
+            steps[1].read_bytes
+        );
+        (model.config.n_layers, steps)
+    }
+}
+
+/// On a CubeCL device every kernel launch of a decode step is counted, the count is the
+/// same step after step, and the step reads back one token id: one sync of at most 8
+/// bytes, not the 49,152 logits.
+#[test]
+fn decode_step_dispatches_and_syncs_are_counted_on_wgpu() {
+    let (layers, [a, b]) = run_on(BackendKind::Wgpu, DecodeSteps).expect("a wgpu adapter");
+    assert!(
+        a.dispatches >= layers as u64,
+        "at least one dispatch per layer, counted {}",
+        a.dispatches
+    );
+    assert_eq!(
+        a.dispatches, b.dispatches,
+        "steady decode steps dispatch alike"
+    );
+    for step in [a, b] {
+        assert_eq!(step.syncs, 1, "one read-back per step");
+        assert!(step.read_bytes <= 8, "read back {} bytes", step.read_bytes);
+    }
+}
+
+/// The CPU backend launches no kernels; its one read-back is the token id.
+#[test]
+fn cpu_decode_step_launches_no_kernels() {
+    let (_, steps) = run_on(BackendKind::Cpu, DecodeSteps).unwrap();
+    for step in steps {
+        assert_eq!(step.dispatches, 0);
+        assert_eq!(step.syncs, 1);
+        assert!(step.read_bytes <= 8);
+    }
+}
+
+/// Greedy tokens chosen on the device equal the host's argmax on a fixed logits tensor:
+/// a tie (the lowest index wins), the maximum at the last index, random rows.
+struct GreedyRows;
+
+impl BackendTask for GreedyRows {
+    type Output = (Vec<u32>, Vec<u32>);
+
+    fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
+        let vocab = 49_152;
+        let rows = 5;
+        let mut state = 12345u64;
+        let mut logits: Vec<f32> = (0..rows * vocab)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) * 20.0 - 10.0
+            })
+            .collect();
+        // Row 0: a tie between 700 and 30,000; row 1: the maximum at the last index.
+        logits[700] = 50.0;
+        logits[30_000] = 50.0;
+        logits[2 * vocab - 1] = 60.0;
+        let host: Vec<u32> = logits.chunks_exact(vocab).map(argmax).collect();
+        let t = Tensor::<B, 2>::from_data(TensorData::new(logits, [rows, vocab]), &device);
+        (argmax_rows(t), host)
+    }
+}
+
+#[test]
+fn device_greedy_equals_host_argmax() {
+    for kind in [BackendKind::Wgpu, BackendKind::Cpu] {
+        let (device, host) = run_on(kind, GreedyRows).expect("backend");
+        assert_eq!(device, host, "{kind:?}");
+        assert_eq!(host[0], 700);
+        assert_eq!(host[1], 49_151);
+    }
+}
