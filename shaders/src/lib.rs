@@ -2,6 +2,8 @@
 //! here, WebGPU in the browser) and to CUDA for burn-cuda.
 
 pub mod launch;
+pub mod layer_launch;
+pub mod layer_ops;
 pub mod paged_attention;
 pub mod quant_launch;
 pub mod quant_matmul;

@@ -1,12 +1,14 @@
 //! The element-wise parts of a layer as a backend operation: RMSNorm, SwiGLU's gate and
 //! RoPE. burn's operations by default (RMSNorm alone is six of them); done in place in one
-//! pass on the CPU backend (`fornax_cpu::layer_ops`).
+//! pass on the CPU backend (`fornax_cpu::layer_ops`); RMSNorm and SwiGLU's gate one kernel
+//! each on CubeCL backends (`fornax_shaders::layer_ops`).
 
 use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
 use burn::tensor::{activation::silu, backend::Backend, ops::FloatElem, DType, Int, Tensor};
-use burn::tensor::{Element, Shape, TensorData};
+use burn::tensor::{Element, Shape, TensorData, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use fornax_cpu::layer_ops;
+use fornax_shaders::layer_launch;
 
 use super::Rope;
 use crate::host_values::host_f32;
@@ -44,6 +46,8 @@ pub fn reference_rms_norm<B: Backend>(
     x.div(rms).mul(weight.unsqueeze())
 }
 
+/// On CubeCL backends in FP32, RMSNorm and SwiGLU's gate are one kernel each
+/// (`fornax_shaders::layer_ops`); burn's operations otherwise.
 impl<R, F, I, BT> LayerOps for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,
@@ -51,6 +55,26 @@ where
     I: IntElement,
     BT: BoolElement,
 {
+    fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
+        if !f32_backend::<Self>() {
+            return reference_rms_norm(x, weight, eps);
+        }
+        let out = layer_launch::rms_norm(
+            x.into_primitive().tensor(),
+            weight.into_primitive().tensor(),
+            eps as f32,
+        );
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
+
+    fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        if !f32_backend::<Self>() {
+            return silu(gate).mul(up);
+        }
+        let out =
+            layer_launch::swiglu(gate.into_primitive().tensor(), up.into_primitive().tensor());
+        Tensor::from_primitive(TensorPrimitive::Float(out))
+    }
 }
 
 /// Whether the CPU backend computes in FP32, which the in-place operations need.

@@ -12,6 +12,7 @@ mod device_counts;
 mod engine_batching;
 mod kv_kernels;
 mod kv_memory;
+mod layer_kernels;
 mod paged_model;
 mod quant_kernels;
 mod reference_cpu;
