@@ -96,7 +96,8 @@ impl AttentionShape {
     }
 }
 
-fn output_like<R: CubeRuntime>(q: &CubeTensor<R>) -> CubeTensor<R> {
+/// An uninitialised tensor of `q`'s shape and dtype on its device.
+pub(crate) fn output_like<R: CubeRuntime>(q: &CubeTensor<R>) -> CubeTensor<R> {
     empty_device_dtype(
         q.client.clone(),
         q.device.clone(),

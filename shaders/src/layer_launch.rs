@@ -1,22 +1,12 @@
 //! Launching the layer kernels ([`crate::layer_ops`]) on burn's CubeCL backends from burn
 //! tensors (FP32).
 
-use burn_cubecl::{
-    kernel::into_contiguous, ops::numeric::empty_device_dtype, tensor::CubeTensor, CubeRuntime,
-};
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
+use crate::launch::output_like;
 use crate::layer_ops::{rms_norm as rms_norm_kernel, swiglu as swiglu_kernel};
 use crate::layer_ops::{ELEMENT_UNITS, NORM_UNITS};
-
-fn output_like<R: CubeRuntime>(x: &CubeTensor<R>) -> CubeTensor<R> {
-    empty_device_dtype(
-        x.client.clone(),
-        x.device.clone(),
-        x.meta.shape().clone(),
-        x.dtype,
-    )
-}
 
 /// RMSNorm of each row of `x` `[rows, d]` with `weight` `[d]`: one launch.
 pub fn rms_norm<R: CubeRuntime>(

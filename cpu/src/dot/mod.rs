@@ -6,6 +6,39 @@
 //! Each lane (row) accumulates `fma(sum, d_w d_x, acc)` then `fma(m_w, s_x, acc)` block by
 //! block, whatever the batch, so a token's result does not depend on the tokens beside it.
 
+/// A level's `tokens`: tokens `t0..t0 + n` (`n` at most [`TILE`]) against one group,
+/// through the level's `tile::<N>` (defined beside it) for the `N` that fits.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! tokens_by_tile {
+    ($features:literal) => {
+        /// Tokens `t0..t0 + n` (`n` at most 4) against group `group`.
+        ///
+        /// # Safety
+        /// As [`tile`].
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn tokens(
+            format: QuantFormat,
+            group: &[u8],
+            acts: &crate::activations::Q8Activations,
+            t0: usize,
+            n: usize,
+            out: &mut [[f32; LANES]],
+        ) {
+            let nb = acts.cols / QBLOCK;
+            let x = |j: usize| acts.token(t0 + j);
+            // SAFETY: as the caller guarantees.
+            unsafe {
+                match n {
+                    4 => tile::<4>(format, group, nb, std::array::from_fn(x), out),
+                    3 => tile::<3>(format, group, nb, std::array::from_fn(x), out),
+                    2 => tile::<2>(format, group, nb, std::array::from_fn(x), out),
+                    _ => tile::<1>(format, group, nb, [x(0)], out),
+                }
+            }
+        }
+    };
+}
+
 #[cfg(target_arch = "aarch64")]
 mod arm;
 mod portable;

@@ -18,7 +18,6 @@ macro_rules! level {
         pub(super) mod $name {
             use std::arch::x86_64::*;
 
-            use crate::activations::Q8Activations;
             use crate::format::{QuantFormat, QBLOCK};
             use crate::interleaved::LANES;
 
@@ -121,31 +120,7 @@ macro_rules! level {
                 }
             }
 
-            /// Tokens `t0..t0 + n` (`n` at most 4) against group `group`.
-            ///
-            /// # Safety
-            /// As [`tile`].
-            #[target_feature(enable = $features)]
-            pub(crate) unsafe fn tokens(
-                format: QuantFormat,
-                group: &[u8],
-                acts: &Q8Activations,
-                t0: usize,
-                n: usize,
-                out: &mut [[f32; LANES]],
-            ) {
-                let nb = acts.cols / QBLOCK;
-                let x = |j: usize| acts.token(t0 + j);
-                // SAFETY: as the caller guarantees.
-                unsafe {
-                    match n {
-                        4 => tile::<4>(format, group, nb, std::array::from_fn(x), out),
-                        3 => tile::<3>(format, group, nb, std::array::from_fn(x), out),
-                        2 => tile::<2>(format, group, nb, std::array::from_fn(x), out),
-                        _ => tile::<1>(format, group, nb, [x(0)], out),
-                    }
-                }
-            }
+            tokens_by_tile!($features);
         }
     };
 }
