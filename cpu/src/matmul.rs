@@ -16,15 +16,6 @@ const PIECES_PER_THREAD: usize = 4;
 /// it saves.
 const MIN_PIECE_GROUPS: usize = 2;
 
-impl QuantWeights<'_> {
-    /// `x @ W^T` for `x` of `tokens` rows of `cols` FP32 values: `[tokens, rows]`, on the
-    /// best SIMD level of this CPU (interleaving a copy of the weights first).
-    pub fn matmul(&self, x: &[f32], tokens: usize) -> Vec<f32> {
-        let acts = Q8Activations::quantize(x, tokens, self.cols);
-        InterleavedWeights::new(self).matmul_q8(&acts, SimdLevel::best())
-    }
-}
-
 impl InterleavedWeights {
     /// `x @ W^T` over activations already quantized, on `level` (which must be one of
     /// [`SimdLevel::available`]): `[tokens, rows]`.
