@@ -5,7 +5,7 @@ use burn::tensor::backend::Backend;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 
 use crate::kv::PagedAttentionOps;
-use crate::model::LayerOps;
+use crate::model::{FusedOps, LayerOps};
 use crate::quant::QuantOps;
 
 /// Device memory held by the backend's allocator.
@@ -55,6 +55,9 @@ where
 
 /// A backend the whole engine runs on: burn's operations plus our kernels (or their
 /// burn reference fallbacks).
-pub trait EngineBackend: PagedAttentionOps + QuantOps + LayerOps + DeviceMemoryInfo {}
+pub trait EngineBackend:
+    PagedAttentionOps + QuantOps + LayerOps + FusedOps + DeviceMemoryInfo
+{
+}
 
-impl<B: PagedAttentionOps + QuantOps + LayerOps + DeviceMemoryInfo> EngineBackend for B {}
+impl<B: PagedAttentionOps + QuantOps + LayerOps + FusedOps + DeviceMemoryInfo> EngineBackend for B {}

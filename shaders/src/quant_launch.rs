@@ -5,6 +5,7 @@ use burn_cubecl::{
 };
 use cubecl::prelude::*;
 
+use crate::epilogue::{finish_product, out_width, RESIDUAL, ROPE_KV, STORE, SWIGLU};
 use crate::quant_matmul::{
     quant_matmul, quant_matvec, quant_rows, MATVEC_MAX_TOKENS, QBLOCK, TILE_ROWS, TILE_TOKENS,
     TILE_UNITS,
@@ -75,6 +76,138 @@ fn output<R: CubeRuntime>(like: &CubeTensor<R>, shape: [usize; 2]) -> CubeTensor
     )
 }
 
+/// Where Q, K and V go after a product over `[q | k | v]` rows (see
+/// [`crate::epilogue::ROPE_KV`]).
+pub struct RopeKv<R: CubeRuntime> {
+    /// The layer's FP32 key arena `[slots * 32, kv_width]`, written in place.
+    pub keys: CubeTensor<R>,
+    /// The layer's FP32 value arena, written in place.
+    pub values: CubeTensor<R>,
+    /// Per token its position and its arena row, interleaved (32-bit integers).
+    pub info: CubeTensor<R>,
+    /// `[positions, head_dim]`: cos and sin of each rotation angle, interleaved.
+    pub table: CubeTensor<R>,
+    /// Width of Q.
+    pub q_width: usize,
+    /// Width of K and of V.
+    pub kv_width: usize,
+    /// Head dimension.
+    pub head_dim: usize,
+}
+
+/// What a product does with its results before writing them (see [`crate::epilogue`]).
+pub enum Epilogue<R: CubeRuntime> {
+    /// The product itself.
+    Store,
+    /// The product plus this `[tokens, rows]` residual.
+    Residual(CubeTensor<R>),
+    /// SwiGLU over gate and up rows interleaved: `[tokens, rows / 2]`.
+    Swiglu,
+    /// RoPE, Q out and K, V into the KV arenas: `[tokens, q_width]`.
+    RopeKv(RopeKv<R>),
+}
+
+/// An epilogue's kernel arguments: mode, the four arrays and three sizes.
+struct EpilogueArgs<R: CubeRuntime> {
+    mode: u32,
+    aux_a: CubeTensor<R>,
+    aux_b: CubeTensor<R>,
+    info: CubeTensor<R>,
+    table: CubeTensor<R>,
+    sizes: [u32; 3],
+}
+
+impl<R: CubeRuntime> Epilogue<R> {
+    /// Arguments for a launch whose output is like `like`; unused arrays are one-element
+    /// placeholders.
+    fn args(self, like: &CubeTensor<R>) -> EpilogueArgs<R> {
+        let placeholder =
+            |dtype| empty_device_dtype(like.client.clone(), like.device.clone(), [1].into(), dtype);
+        let f32s = || placeholder(like.dtype);
+        let none = |mode, aux_a| EpilogueArgs {
+            mode,
+            aux_a,
+            aux_b: f32s(),
+            info: placeholder(burn_backend::DType::U32),
+            table: f32s(),
+            sizes: [0; 3],
+        };
+        match self {
+            Epilogue::Store => none(STORE, f32s()),
+            Epilogue::Residual(r) => none(RESIDUAL, into_contiguous(r)),
+            Epilogue::Swiglu => none(SWIGLU, f32s()),
+            Epilogue::RopeKv(r) => EpilogueArgs {
+                mode: ROPE_KV,
+                aux_a: r.keys,
+                aux_b: r.values,
+                info: into_contiguous(r.info),
+                table: into_contiguous(r.table),
+                sizes: [r.q_width as u32, r.kv_width as u32, r.head_dim as u32],
+            },
+        }
+    }
+
+    fn q_width(&self) -> usize {
+        match self {
+            Epilogue::RopeKv(r) => r.q_width,
+            _ => 0,
+        }
+    }
+
+    fn mode(&self) -> u32 {
+        match self {
+            Epilogue::Store => STORE,
+            Epilogue::Residual(_) => RESIDUAL,
+            Epilogue::Swiglu => SWIGLU,
+            Epilogue::RopeKv(_) => ROPE_KV,
+        }
+    }
+}
+
+/// Storage buffers a product with an epilogue binds: input, codes, scales, output, the
+/// epilogue's four arrays and CubeCL's metadata.
+const EPILOGUE_BUFFERS: u32 = 9;
+
+/// Whether the products with an epilogue can be bound on this device (WebGPU guarantees
+/// only 8 storage buffers per kernel; Chromium allows 10).
+pub fn epilogue_fits<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
+    // `max_bindings` is the device's limit less one that wgpu may use itself.
+    client.properties().hardware.max_bindings >= EPILOGUE_BUFFERS - 1
+}
+
+/// Applies `epilogue` to a product computed elsewhere (`product` `[tokens, rows]`): one
+/// dispatch.
+pub fn finish<R: CubeRuntime>(product: CubeTensor<R>, epilogue: Epilogue<R>) -> CubeTensor<R> {
+    let product = into_contiguous(product);
+    let [tokens, rows] = [product.meta.shape()[0], product.meta.shape()[1]];
+    let width = out_width(epilogue.mode(), rows, epilogue.q_width());
+    let out = output(&product, [tokens, width]);
+    if tokens == 0 {
+        return out;
+    }
+    let a = epilogue.args(&product);
+    let units = 256;
+    let work = tokens * rows.div_ceil(2);
+    finish_product::launch::<R>(
+        &product.client.clone(),
+        CubeCount::Static(work.div_ceil(units) as u32, 1, 1),
+        CubeDim::new_1d(units as u32),
+        product.into_array_arg(),
+        out.clone().into_array_arg(),
+        a.aux_a.into_array_arg(),
+        a.aux_b.into_array_arg(),
+        a.info.into_array_arg(),
+        a.table.into_array_arg(),
+        rows as u32,
+        tokens as u32,
+        a.sizes[0],
+        a.sizes[1],
+        a.sizes[2],
+        a.mode,
+    );
+    out
+}
+
 /// `x @ W^T` for `x` `[tokens, cols]` (FP32): `[tokens, rows]`. Up to
 /// [`MATVEC_MAX_TOKENS`] tokens go through the matrix-vector kernel (laid out as `matvec`,
 /// or as [`MatvecShape::for_device`]), more through the tiled kernel.
@@ -83,6 +216,16 @@ pub fn matmul<R: CubeRuntime>(
     w: &QuantTensors<R>,
     matvec: Option<MatvecShape>,
 ) -> CubeTensor<R> {
+    matmul_then(x, w, matvec, Epilogue::Store)
+}
+
+/// [`matmul`] with `epilogue` applied in the same kernel: one dispatch.
+pub fn matmul_then<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    w: &QuantTensors<R>,
+    matvec: Option<MatvecShape>,
+    epilogue: Epilogue<R>,
+) -> CubeTensor<R> {
     let x = into_contiguous(x);
     let tokens = x.meta.shape()[0];
     assert_eq!(
@@ -90,10 +233,12 @@ pub fn matmul<R: CubeRuntime>(
         w.cols,
         "input width must equal the weight's columns"
     );
-    let out = output(&x, [tokens, w.rows]);
+    let width = out_width(epilogue.mode(), w.rows, epilogue.q_width());
+    let out = output(&x, [tokens, width]);
     if tokens == 0 {
         return out;
     }
+    let a = epilogue.args(&x);
     let client = x.client.clone();
     let matvec = matvec.unwrap_or_else(|| MatvecShape::for_device(&client));
     let (quants, scales) = (
@@ -111,13 +256,21 @@ pub fn matmul<R: CubeRuntime>(
             quants,
             scales,
             out.clone().into_array_arg(),
+            a.aux_a.into_array_arg(),
+            a.aux_b.into_array_arg(),
+            a.info.into_array_arg(),
+            a.table.into_array_arg(),
             w.rows as u32,
             w.cols as u32,
             tokens as u32,
+            a.sizes[0],
+            a.sizes[1],
+            a.sizes[2],
             w.format,
             bound,
             matvec.lanes,
             matvec.rows_per_cube,
+            a.mode,
         );
     } else {
         quant_matmul::launch::<R>(
@@ -132,10 +285,18 @@ pub fn matmul<R: CubeRuntime>(
             quants,
             scales,
             out.clone().into_array_arg(),
+            a.aux_a.into_array_arg(),
+            a.aux_b.into_array_arg(),
+            a.info.into_array_arg(),
+            a.table.into_array_arg(),
             w.rows as u32,
             w.cols as u32,
             tokens as u32,
+            a.sizes[0],
+            a.sizes[1],
+            a.sizes[2],
             w.format,
+            a.mode,
         );
     }
     out

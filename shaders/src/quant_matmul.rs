@@ -19,6 +19,7 @@
 
 use cubecl::prelude::*;
 
+use crate::epilogue::finish_pair;
 use crate::paged_attention::half_to_f32;
 
 /// Values per quantization block.
@@ -122,13 +123,21 @@ pub fn quant_matvec(
     quants: &Array<u32>,
     scales: &Array<u32>,
     out: &mut Array<f32>,
+    aux_a: &mut Array<f32>,
+    aux_b: &mut Array<f32>,
+    info: &Array<u32>,
+    table: &Array<f32>,
     rows: u32,
     cols: u32,
     n_tokens: u32,
+    q_width: u32,
+    kv_width: u32,
+    head_dim: u32,
     #[comptime] format: u32,
     #[comptime] tokens: usize,
     #[comptime] lanes: usize,
     #[comptime] rows_per_cube: usize,
+    #[comptime] mode: u32,
 ) {
     let lane = UNIT_POS_X as usize;
     let local_row = UNIT_POS_Y as usize;
@@ -192,14 +201,13 @@ pub fn quant_matvec(
         }
     }
 
+    // Each row's sums meet in workgroup memory, then the unit of every even row finishes
+    // it with its neighbour (`rows_per_cube` is even, so pairs never straddle cubes).
+    let mut totals = SharedMemory::<f32>::new(tokens * rows_per_cube);
     if comptime!(lanes == 1) {
-        if row < rows {
-            #[unroll]
-            for t in 0..tokens {
-                if t < n_tokens {
-                    out[t * rows + row] = acc[t];
-                }
-            }
+        #[unroll]
+        for t in 0..tokens {
+            totals[t * rows_per_cube + local_row] = acc[t];
         }
     } else {
         let mut partial = SharedMemory::<f32>::new(tokens * lanes * rows_per_cube);
@@ -208,7 +216,7 @@ pub fn quant_matvec(
             partial[(t * rows_per_cube + local_row) * lanes + lane] = acc[t];
         }
         sync_cube();
-        if lane == 0 && row < rows {
+        if lane == 0 {
             #[unroll]
             for t in 0..tokens {
                 let mut total = f32::new(0.0);
@@ -216,9 +224,31 @@ pub fn quant_matvec(
                 for l in 0..lanes {
                     total += partial[(t * rows_per_cube + local_row) * lanes + l];
                 }
-                if t < n_tokens {
-                    out[t * rows + row] = total;
-                }
+                totals[t * rows_per_cube + local_row] = total;
+            }
+        }
+    }
+    sync_cube();
+    if lane == 0 && local_row % 2 == 0 && row < rows {
+        #[unroll]
+        for t in 0..tokens {
+            if t < n_tokens {
+                finish_pair(
+                    out,
+                    aux_a,
+                    aux_b,
+                    info,
+                    table,
+                    t,
+                    row,
+                    rows,
+                    totals[t * rows_per_cube + local_row],
+                    totals[t * rows_per_cube + local_row + 1],
+                    q_width,
+                    kv_width,
+                    head_dim,
+                    mode,
+                );
             }
         }
     }
@@ -239,10 +269,18 @@ pub fn quant_matmul(
     quants: &Array<u32>,
     scales: &Array<u32>,
     out: &mut Array<f32>,
+    aux_a: &mut Array<f32>,
+    aux_b: &mut Array<f32>,
+    info: &Array<u32>,
+    table: &Array<f32>,
     rows: u32,
     cols: u32,
     n_tokens: u32,
+    q_width: u32,
+    kv_width: u32,
+    head_dim: u32,
     #[comptime] format: u32,
+    #[comptime] mode: u32,
 ) {
     let ux = UNIT_POS_X as usize;
     let uy = UNIT_POS_Y as usize;
@@ -319,15 +357,42 @@ pub fn quant_matmul(
         sync_cube();
     }
 
+    // The tile's sums go through workgroup memory (the weights' stage, exactly one tile)
+    // so that each unit finishes pairs of adjacent rows.
     #[unroll]
     for a in 0..tok_per_unit {
-        let t = tok0 + uy + a * TILE_UNITS;
         #[unroll]
         for r in 0..rows_per_unit {
-            let row = row0 + ux + r * TILE_UNITS;
-            if t < n_tokens && row < rows {
-                out[t * rows + row] = acc[a * rows_per_unit + r];
-            }
+            ws[(uy + a * TILE_UNITS) * TILE_ROWS + ux + r * TILE_UNITS] =
+                acc[a * rows_per_unit + r];
+        }
+    }
+    sync_cube();
+    let pairs = comptime!(TILE_TOKENS * TILE_ROWS / 2);
+    #[unroll]
+    for i in 0..comptime!(pairs / (TILE_UNITS * TILE_UNITS)) {
+        let idx = unit + i * units;
+        let local_t = idx / comptime!(TILE_ROWS / 2);
+        let local_row = 2 * (idx % comptime!(TILE_ROWS / 2));
+        let t = tok0 + local_t;
+        let row = row0 + local_row;
+        if t < n_tokens && row < rows {
+            finish_pair(
+                out,
+                aux_a,
+                aux_b,
+                info,
+                table,
+                t,
+                row,
+                rows,
+                ws[local_t * TILE_ROWS + local_row],
+                ws[local_t * TILE_ROWS + local_row + 1],
+                q_width,
+                kv_width,
+                head_dim,
+                mode,
+            );
         }
     }
 }

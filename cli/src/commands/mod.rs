@@ -36,6 +36,10 @@ pub struct ModelArgs {
     /// backend has kernels for quantized weights.
     #[arg(long)]
     pub dequantize: bool,
+    /// Run each layer operation by operation (the reference path) instead of as the fused
+    /// kernels (CubeCL backends with quantized weights).
+    #[arg(long)]
+    pub reference_ops: bool,
     /// Threads of the CPU backend (default: the available parallelism).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
@@ -65,6 +69,7 @@ impl ModelArgs {
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
             dequantize: self.dequantize,
+            reference_ops: self.reference_ops,
         }
     }
 

@@ -34,7 +34,13 @@ pub struct PagedBatch<B: Backend> {
     pub seqs: Vec<BatchSeq>,
     /// Use the CubeCL kernels where the backend has them (else the burn reference path).
     pub kernels: bool,
+    /// Run layers whose weights are joined as the fused kernels (set by the model where
+    /// the backend can bind them).
+    pub fused: bool,
     /// FP32 arena row of each new token.
+    /// Per new row its RoPE position and FP32 arena row, interleaved (the fused kernels'
+    /// one binding for both).
+    pub rope_rows: Tensor<B, 1, Int>,
     pub write_rows: Tensor<B, 1, Int>,
     /// Position of each row (for RoPE).
     pub positions: Tensor<B, 1, Int>,
@@ -60,6 +66,7 @@ pub struct PagedBatch<B: Backend> {
 impl<B: Backend> PagedBatch<B> {
     /// Uploads the description of `seqs` with their FP32 `write_rows`.
     pub fn new(seqs: Vec<BatchSeq>, write_rows: &[u32], kernels: bool, device: &B::Device) -> Self {
+        let mut rope_rows = Vec::with_capacity(2 * write_rows.len());
         let max_blocks = seqs.iter().map(|s| s.table.len()).max().unwrap_or(1).max(1);
         let mut tables = vec![0u32; seqs.len() * max_blocks];
         let mut positions = Vec::new();
@@ -69,6 +76,9 @@ impl<B: Backend> PagedBatch<B> {
         for (i, s) in seqs.iter().enumerate() {
             tables[i * max_blocks..i * max_blocks + s.table.len()].copy_from_slice(&s.table);
             positions.extend((s.position..s.position + s.rows).map(|p| p as u32));
+            for (r, p) in (s.position..s.position + s.rows).enumerate() {
+                rope_rows.extend([p as u32, write_rows[s.row_start + r]]);
+            }
             key_rows.extend((s.start..s.total()).map(|p| p as u32));
             row_seq.extend(std::iter::repeat_n(i as u32, s.rows));
             for first in (0..s.rows).step_by(BLOCK_TOKENS) {
@@ -89,7 +99,9 @@ impl<B: Backend> PagedBatch<B> {
                 .all(|s| s.table.iter().all(|&e| e >> TIER_SHIFT == 0)),
             f32_bindings: false,
             kernels,
+            fused: false,
             write_rows: ids(write_rows, device),
+            rope_rows: ids(&rope_rows, device),
             positions: ids(&positions, device),
             key_rows: ids(&key_rows, device),
             tables,

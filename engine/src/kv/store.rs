@@ -129,6 +129,13 @@ impl<B: Backend> KvStore<B> {
         kv.values.f32_rows.update(|t| add_rows(t, &rows, values));
     }
 
+    /// The FP32 key and value arenas of `layer`, for kernels that write new rows in place
+    /// (free slots are zero, so writing equals the adding [`Self::write`] does).
+    pub fn f32_arenas(&self, layer: usize) -> (&Tensor<B, 2>, &Tensor<B, 2>) {
+        let kv = &self.layers[layer];
+        (kv.keys.f32_rows.get(), kv.values.f32_rows.get())
+    }
+
     /// Zeroes freed `slots` in every layer so they can be written again.
     pub fn clear(&mut self, slots: &[(Tier, u32)]) {
         for tier in Tier::ALL {

@@ -4,15 +4,14 @@
 use crate::EngineBackend;
 use burn::tensor::{activation::softmax, backend::Backend, Tensor, TensorData};
 
-use super::{KvCache, Linear, Rope};
+use super::{Joint, KvCache, Linear, Rope};
 use crate::kv::{AttentionShape, PagedBatch, PagedKv};
 
 /// Attention projections of one block.
 #[derive(Debug, Clone)]
 pub struct Attention<B: Backend> {
-    pub q: Linear<B>,
-    pub k: Linear<B>,
-    pub v: Linear<B>,
+    /// Q, K and V, stacked in that order where joined.
+    pub qkv: Joint<B>,
     pub o: Linear<B>,
     pub n_heads: usize,
     pub n_kv_heads: usize,
@@ -33,7 +32,7 @@ impl<B: EngineBackend> Attention<B> {
         let head_dim = d_model / self.n_heads;
         let heads = |t: Tensor<B, 2>, n: usize| t.reshape([tokens, n, head_dim]).swap_dims(0, 1);
 
-        let [q, k, v] = Linear::forward_many(x, [&self.q, &self.k, &self.v]);
+        let [q, k, v] = self.project(x);
         let positions = Tensor::arange(start as i64..(start + tokens) as i64, &v.device());
         let q = B::rope_rows(q, self.n_heads, positions.clone(), rope);
         let k = heads(
@@ -57,7 +56,7 @@ impl<B: EngineBackend> Attention<B> {
         layer: usize,
     ) -> Tensor<B, 2> {
         let [_, d_model] = x.dims();
-        let [q, k, v] = Linear::forward_many(x, [&self.q, &self.k, &self.v]);
+        let [q, k, v] = self.project(x);
         let q = B::rope_rows(q, self.n_heads, batch.positions.clone(), rope);
         let k = B::rope_rows(k, self.n_kv_heads, batch.positions.clone(), rope);
         kv.store.write(layer, batch.write_rows.clone(), k, v);
@@ -69,6 +68,14 @@ impl<B: EngineBackend> Attention<B> {
         };
         self.o
             .forward(B::paged_attention(q, kv.store.layer(layer), batch, shape))
+    }
+
+    /// Q, K and V of `x`.
+    fn project(&self, x: Tensor<B, 2>) -> [Tensor<B, 2>; 3] {
+        self.qkv
+            .forward(x)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("Q, K and V"))
     }
 }
 

@@ -3,8 +3,17 @@
 use crate::EngineBackend;
 use burn::tensor::{backend::Backend, Tensor};
 
-use super::{Attention, KvCache, Mlp, RmsNorm, Rope};
-use crate::kv::{PagedBatch, PagedKv};
+use super::{Attention, KvCache, Mlp, QkvTarget, RmsNorm, Rope, Rows};
+use crate::kv::{AttentionShape, PagedBatch, PagedKv};
+use crate::quant::QuantMatrix;
+
+/// A block's matrices as the fused kernels take them.
+struct FusedWeights<'a, B: Backend> {
+    qkv: &'a QuantMatrix<B>,
+    o: &'a QuantMatrix<B>,
+    gate_up: &'a QuantMatrix<B>,
+    down: &'a QuantMatrix<B>,
+}
 
 /// A Llama decoder block.
 #[derive(Debug, Clone)]
@@ -28,7 +37,9 @@ impl<B: EngineBackend> Block<B> {
         self.residuals(x, |n| self.attn.forward(n, rope, cache, layer, start))
     }
 
-    /// Runs the block on the rows of a ragged batch over the paged cache.
+    /// Runs the block on the rows of a ragged batch over the paged cache: as the fused
+    /// kernels when the batch asks for them and the weights are joined, else operation
+    /// by operation.
     pub fn forward_paged(
         &self,
         x: Tensor<B, 2>,
@@ -37,7 +48,57 @@ impl<B: EngineBackend> Block<B> {
         batch: &PagedBatch<B>,
         layer: usize,
     ) -> Tensor<B, 2> {
-        self.residuals(x, |n| self.attn.forward_paged(n, rope, kv, batch, layer))
+        match self.fused_weights().filter(|_| batch.fused) {
+            Some(w) => self.forward_fused(x, &w, rope, kv, batch, layer),
+            None => self.residuals(x, |n| self.attn.forward_paged(n, rope, kv, batch, layer)),
+        }
+    }
+
+    /// The block in seven operations (see [`FusedOps`]).
+    fn forward_fused(
+        &self,
+        x: Tensor<B, 2>,
+        w: &FusedWeights<'_, B>,
+        rope: &Rope<B>,
+        kv: &mut PagedKv<B>,
+        batch: &PagedBatch<B>,
+        layer: usize,
+    ) -> Tensor<B, 2> {
+        let [_, d_model] = x.dims();
+        let shape = AttentionShape {
+            n_heads: self.attn.n_heads,
+            n_kv_heads: self.attn.n_kv_heads,
+            head_dim: d_model / self.attn.n_heads,
+            max_blocks: batch.max_blocks,
+        };
+        let to = QkvTarget {
+            rope,
+            store: &mut kv.store,
+            layer,
+            batch,
+            shape,
+        };
+        let q = B::qkv_rope_kv(self.attn_norm.forward(x.clone()), w.qkv, to);
+        let attended = B::paged_attention(q, kv.store.layer(layer), batch, shape);
+        let h = B::matmul_residual(attended, w.o, x);
+        let gated = B::gate_up_swiglu(self.ffn_norm.forward(h.clone()), w.gate_up);
+        B::matmul_residual(gated, w.down, h)
+    }
+
+    /// The matrices as the fused kernels take them, if they are joined and quantized.
+    fn fused_weights(&self) -> Option<FusedWeights<'_, B>> {
+        let (qkv, Rows::Stacked) = self.attn.qkv.joined()? else {
+            return None;
+        };
+        let (gate_up, Rows::Interleaved) = self.mlp.gate_up.joined()? else {
+            return None;
+        };
+        Some(FusedWeights {
+            qkv,
+            o: self.attn.o.quant()?,
+            gate_up,
+            down: self.mlp.down.quant()?,
+        })
     }
 
     /// The block around its attention: `attend` gets the normed input.

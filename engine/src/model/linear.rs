@@ -50,6 +50,14 @@ impl<B: Backend> Linear<B> {
         }
     }
 
+    /// The quantized weight, if it is one.
+    pub fn quant(&self) -> Option<&QuantMatrix<B>> {
+        match &self.weight {
+            Weight::Quant(q) => Some(q),
+            Weight::Dense(_) => None,
+        }
+    }
+
     /// Whether the weight is kept quantized.
     pub fn is_quantized(&self) -> bool {
         matches!(self.weight, Weight::Quant(_))
@@ -65,22 +73,14 @@ impl<B: QuantOps> Linear<B> {
         }
     }
 
-    /// Several layers applied to the same `x` (Q, K and V; gate and up): one pass over
-    /// the input where every weight is quantized, else one product each.
-    pub fn forward_many<const N: usize>(x: Tensor<B, 2>, layers: [&Self; N]) -> [Tensor<B, 2>; N] {
-        let quant: Option<Vec<&QuantMatrix<B>>> = layers
-            .iter()
-            .map(|l| match &l.weight {
-                Weight::Quant(q) => Some(q),
-                Weight::Dense(_) => None,
-            })
-            .collect();
-        let outs = match quant {
+    /// Several layers applied to the same `x`: one pass over the input where every
+    /// weight is quantized, else one product each.
+    pub fn forward_many(x: Tensor<B, 2>, layers: &[Self]) -> Vec<Tensor<B, 2>> {
+        let quant: Option<Vec<&QuantMatrix<B>>> = layers.iter().map(Self::quant).collect();
+        match quant {
             Some(ws) => B::quant_matmul_many(x, &ws),
             None => layers.iter().map(|l| l.forward(x.clone())).collect(),
-        };
-        outs.try_into()
-            .unwrap_or_else(|_| unreachable!("one output per layer"))
+        }
     }
 
     /// Columns `ids` of `W` as rows `[ids, in]`: the embedding lookup of a table that is

@@ -44,18 +44,15 @@ pub struct LlamaModel<B: Backend> {
 
 impl<B: Backend> LlamaModel<B> {
     /// Every matrix: the embedding (also the tied output layer), the output layer if
-    /// separate, then each block's seven.
+    /// separate, then each block's (seven, or four where Q, K, V and gate, up are joined).
     pub fn matrices(&self) -> impl Iterator<Item = &Linear<B>> {
         let blocks = self.net.blocks.iter().flat_map(|b| {
-            [
-                &b.attn.q,
-                &b.attn.k,
-                &b.attn.v,
-                &b.attn.o,
-                &b.mlp.gate,
-                &b.mlp.up,
-                &b.mlp.down,
-            ]
+            b.attn
+                .qkv
+                .layers()
+                .chain([&b.attn.o])
+                .chain(b.mlp.gate_up.layers())
+                .chain([&b.mlp.down])
         });
         std::iter::once(&self.net.embedding)
             .chain(&self.net.output)
@@ -132,7 +129,8 @@ impl<B: EngineBackend> LlamaModel<B> {
             self.check(s.tokens, kv.len(s.seq)?)?;
         }
         let parts: Vec<_> = batch.iter().map(|s| (s.seq, s.tokens.len())).collect();
-        let paged = kv.prepare(&parts)?;
+        let mut paged = kv.prepare(&parts)?;
+        paged.fused = B::fused_fit(&self.device());
         let mut x = self.embed(batch.iter().flat_map(|s| s.tokens.iter().copied()));
         for (layer, block) in self.net.blocks.iter().enumerate() {
             x = block.forward_paged(x, &self.rope, kv, &paged, layer);

@@ -4,10 +4,12 @@
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
 use super::{
-    Attention, Block, Linear, Llama, LlamaConfig, LlamaModel, Mlp, ModelError, RmsNorm, Rope,
+    Attention, Block, FusedOps, Joint, Linear, Llama, LlamaConfig, LlamaModel, Mlp, ModelError,
+    RmsNorm, Rope, Rows,
 };
 use crate::gguf::{GgufError, GgufFile};
 use crate::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};
+use fornax_shaders::quant_matmul::QBLOCK;
 
 /// How the weights are loaded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -15,6 +17,9 @@ pub struct LoadOptions {
     /// Dequantize every matrix to FP32 even where quantized kernels exist (the reference
     /// path, `--dequantize`).
     pub dequantize: bool,
+    /// Keep Q, K, V and gate, up as separate matrices and run each layer operation by
+    /// operation (the reference for the fused kernels, `--reference-ops`).
+    pub reference_ops: bool,
 }
 
 struct Loader<'f, 'a, B: Backend> {
@@ -25,6 +30,8 @@ struct Loader<'f, 'a, B: Backend> {
     progress: &'f mut dyn FnMut(usize, usize),
     /// Keep quantized matrices quantized.
     quantized: bool,
+    /// Join Q, K, V and gate, up into one matrix each (for the fused kernels).
+    join: bool,
 }
 
 impl<B: QuantOps> Loader<'_, '_, B> {
@@ -96,7 +103,84 @@ impl<B: QuantOps> Loader<'_, '_, B> {
     }
 }
 
-impl<B: QuantOps> LlamaModel<B> {
+impl<B: QuantOps> Loader<'_, '_, B> {
+    /// The `[width, inp]` matrices `parts` (name, width) as one joined quantized layer
+    /// when the loader joins and they share a quantized format, else one layer each.
+    fn joint(
+        &mut self,
+        parts: &[(String, usize)],
+        inp: usize,
+        rows: Rows,
+    ) -> Result<Joint<B>, ModelError> {
+        if let Some(layer) = self.joined(parts, inp, rows)? {
+            let widths = parts.iter().map(|p| p.1).collect();
+            return Ok(Joint::One {
+                layer,
+                widths,
+                rows,
+            });
+        }
+        let layers = parts
+            .iter()
+            .map(|(name, width)| self.linear(name, inp, *width))
+            .collect::<Result<_, _>>()?;
+        Ok(Joint::Parts(layers))
+    }
+
+    fn joined(
+        &mut self,
+        parts: &[(String, usize)],
+        inp: usize,
+        rows: Rows,
+    ) -> Result<Option<Linear<B>>, ModelError> {
+        if !(self.quantized && self.join) {
+            return Ok(None);
+        }
+        let mut infos = Vec::with_capacity(parts.len());
+        for (name, width) in parts {
+            let info = self.file.tensor(name)?;
+            if info.dims_row_major() != [*width, inp] {
+                return Ok(None);
+            }
+            infos.push(info);
+        }
+        let ty = infos[0].ggml_type;
+        let same_width = parts.iter().all(|p| p.1 == parts[0].1);
+        if format_code(ty).is_none()
+            || !inp.is_multiple_of(QBLOCK)
+            || infos.iter().any(|i| i.ggml_type != ty)
+            || (rows == Rows::Interleaved && !same_width)
+        {
+            return Ok(None);
+        }
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let row_bytes = inp / QBLOCK * ty.block_bytes() as usize;
+        let bytes: Vec<&[u8]> = infos.iter().map(|i| self.file.tensor_bytes(i)).collect();
+        let mut joined = Vec::with_capacity(total * row_bytes);
+        match rows {
+            Rows::Stacked => bytes.iter().for_each(|b| joined.extend_from_slice(b)),
+            Rows::Interleaved => {
+                for j in 0..parts[0].1 {
+                    for b in &bytes {
+                        joined.extend_from_slice(&b[j * row_bytes..(j + 1) * row_bytes]);
+                    }
+                }
+            }
+        }
+        let Some(packed) = PackedMatrix::pack(ty, &joined, total, inp) else {
+            return Ok(None);
+        };
+        for (name, width) in parts {
+            self.check(name, &[*width, inp])?;
+        }
+        Ok(Some(Linear::quantized(QuantMatrix::from_packed(
+            packed,
+            self.device,
+        ))))
+    }
+}
+
+impl<B: QuantOps + FusedOps> LlamaModel<B> {
     /// Loads a llama-architecture GGUF onto `device`, keeping quantized matrices
     /// quantized where `B` has kernels for them; `progress(done, total)` is called after
     /// each tensor.
@@ -140,6 +224,7 @@ impl<B: QuantOps> LlamaModel<B> {
             total,
             progress,
             quantized: !options.dequantize && B::has_quant_kernels(),
+            join: B::has_fused_layers() && !options.reference_ops,
         };
         let embedding = l.linear("token_embd.weight", d, c.vocab_size)?;
         let output = match c.tied_embeddings {
@@ -152,17 +237,26 @@ impl<B: QuantOps> LlamaModel<B> {
             blocks.push(Block {
                 attn_norm: RmsNorm::new(l.vector(&n("attn_norm"), d)?, c.rms_eps),
                 attn: Attention {
-                    q: l.linear(&n("attn_q"), d, c.n_heads * hd)?,
-                    k: l.linear(&n("attn_k"), d, c.n_kv_heads * hd)?,
-                    v: l.linear(&n("attn_v"), d, c.n_kv_heads * hd)?,
+                    qkv: l.joint(
+                        &[
+                            (n("attn_q"), c.n_heads * hd),
+                            (n("attn_k"), c.n_kv_heads * hd),
+                            (n("attn_v"), c.n_kv_heads * hd),
+                        ],
+                        d,
+                        Rows::Stacked,
+                    )?,
                     o: l.linear(&n("attn_output"), c.n_heads * hd, d)?,
                     n_heads: c.n_heads,
                     n_kv_heads: c.n_kv_heads,
                 },
                 ffn_norm: RmsNorm::new(l.vector(&n("ffn_norm"), d)?, c.rms_eps),
                 mlp: Mlp {
-                    gate: l.linear(&n("ffn_gate"), d, c.d_ff)?,
-                    up: l.linear(&n("ffn_up"), d, c.d_ff)?,
+                    gate_up: l.joint(
+                        &[(n("ffn_gate"), c.d_ff), (n("ffn_up"), c.d_ff)],
+                        d,
+                        Rows::Interleaved,
+                    )?,
                     down: l.linear(&n("ffn_down"), c.d_ff, d)?,
                 },
             });

@@ -3,20 +3,24 @@
 use crate::EngineBackend;
 use burn::tensor::{backend::Backend, Tensor};
 
-use super::Linear;
+use super::{Joint, Linear};
 
 /// The gated feed-forward layer of a Llama block.
 #[derive(Debug, Clone)]
 pub struct Mlp<B: Backend> {
-    pub gate: Linear<B>,
-    pub up: Linear<B>,
+    /// Gate and up, rows interleaved where joined.
+    pub gate_up: Joint<B>,
     pub down: Linear<B>,
 }
 
 impl<B: EngineBackend> Mlp<B> {
     /// Applies the layer to `[tokens, d_model]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
-        let [gate, up] = Linear::forward_many(x, [&self.gate, &self.up]);
+        let [gate, up]: [Tensor<B, 2>; 2] = self
+            .gate_up
+            .forward(x)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("gate and up"));
         self.down.forward(B::swiglu(gate, up))
     }
 }

@@ -3,7 +3,7 @@
 
 use burn::tensor::{backend::Backend, Distribution, Tensor};
 
-use super::{Attention, Block, Linear, Llama, LlamaConfig, LlamaModel, Mlp, RmsNorm, Rope};
+use super::{Attention, Block, Joint, Linear, Llama, LlamaConfig, LlamaModel, Mlp, RmsNorm, Rope};
 
 impl<B: Backend> LlamaModel<B> {
     /// Random weights of scale 0.1 for `config` (tied embeddings); seed the backend first
@@ -19,17 +19,18 @@ impl<B: Backend> LlamaModel<B> {
             .map(|_| Block {
                 attn_norm: norm(),
                 attn: Attention {
-                    q: lin(d, config.n_heads * hd),
-                    k: lin(d, config.n_kv_heads * hd),
-                    v: lin(d, config.n_kv_heads * hd),
+                    qkv: Joint::Parts(vec![
+                        lin(d, config.n_heads * hd),
+                        lin(d, config.n_kv_heads * hd),
+                        lin(d, config.n_kv_heads * hd),
+                    ]),
                     o: lin(config.n_heads * hd, d),
                     n_heads: config.n_heads,
                     n_kv_heads: config.n_kv_heads,
                 },
                 ffn_norm: norm(),
                 mlp: Mlp {
-                    gate: lin(d, config.d_ff),
-                    up: lin(d, config.d_ff),
+                    gate_up: Joint::Parts(vec![lin(d, config.d_ff), lin(d, config.d_ff)]),
                     down: lin(config.d_ff, d),
                 },
             })

@@ -11,6 +11,9 @@ use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 pub struct Rope<B: Backend> {
     cos: Tensor<B, 2>,
     sin: Tensor<B, 2>,
+    /// `[max_len, head_dim]`: cos and sin of each angle side by side, as the fused
+    /// kernels read them (one binding).
+    pairs: Tensor<B, 2>,
     host: Arc<(Vec<f32>, Vec<f32>)>,
 }
 
@@ -30,9 +33,11 @@ impl<B: Backend> Rope<B> {
         }
         let table =
             |v: &Vec<f32>| Tensor::from_data(TensorData::new(v.clone(), [max_len, half]), device);
+        let pairs: Vec<f32> = cos.iter().zip(&sin).flat_map(|(&c, &s)| [c, s]).collect();
         Self {
             cos: table(&cos),
             sin: table(&sin),
+            pairs: Tensor::from_data(TensorData::new(pairs, [max_len, 2 * half]), device),
             host: Arc::new((cos, sin)),
         }
     }
@@ -40,6 +45,11 @@ impl<B: Backend> Rope<B> {
     /// The cos and sin tables on the host, `head_dim / 2` angles per position.
     pub fn host_tables(&self) -> (&[f32], &[f32]) {
         (&self.host.0, &self.host.1)
+    }
+
+    /// `[max_len, head_dim]`: cos and sin of angle `i` at columns `2 i` and `2 i + 1`.
+    pub fn pairs(&self) -> &Tensor<B, 2> {
+        &self.pairs
     }
 
     /// Rotates `x` of shape `[rows, heads * head_dim]` whose row `r` is at `positions[r]`.

@@ -11,4 +11,5 @@ mod tests;
 
 pub use matrix::{QuantMatrix, QuantStore};
 pub use ops::QuantOps;
+pub(crate) use ops::{by_dequantized_rows, quant_tensors};
 pub use packed::{format_code, PackedMatrix};

@@ -65,7 +65,10 @@ const ROWS_PER_CHUNK: usize = 8192;
 /// `x @ W^T` as FP32 matmuls over chunks of rows dequantized on the device (by
 /// [`QuantOps::quant_rows`]); the chunks are transient, so at most [`ROWS_PER_CHUNK`]
 /// rows exist in FP32 at a time.
-fn by_dequantized_rows<B: QuantOps>(x: Tensor<B, 2>, w: &QuantMatrix<B>) -> Tensor<B, 2> {
+pub(crate) fn by_dequantized_rows<B: QuantOps>(
+    x: Tensor<B, 2>,
+    w: &QuantMatrix<B>,
+) -> Tensor<B, 2> {
     let device = x.device();
     let parts: Vec<_> = (0..w.rows)
         .step_by(ROWS_PER_CHUNK)
@@ -131,7 +134,9 @@ where
     }
 }
 
-fn tensors<R, F, I, BT>(w: &QuantMatrix<CubeBackend<R, F, I, BT>>) -> QuantTensors<R>
+pub(crate) fn quant_tensors<R, F, I, BT>(
+    w: &QuantMatrix<CubeBackend<R, F, I, BT>>,
+) -> QuantTensors<R>
 where
     R: CubeRuntime,
     F: FloatElement,
@@ -171,7 +176,7 @@ where
         {
             return by_dequantized_rows(Tensor::from_primitive(TensorPrimitive::Float(x)), w);
         }
-        let out = quant_launch::matmul(x, &tensors(w), None);
+        let out = quant_launch::matmul(x, &quant_tensors(w), None);
         Tensor::from_primitive(TensorPrimitive::Float(out))
     }
 
@@ -182,7 +187,7 @@ where
         let like: Tensor<Self, 1> = Tensor::empty([1], &ids.device());
         let out = quant_launch::rows(
             ids.into_primitive(),
-            &tensors(w),
+            &quant_tensors(w),
             &like.into_primitive().tensor(),
         );
         Tensor::from_primitive(TensorPrimitive::Float(out))

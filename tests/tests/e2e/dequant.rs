@@ -80,7 +80,10 @@ fn largest_weight_follows_what_the_backend_keeps_quantized() {
     assert_eq!(embd.size, 49152 * 576 / 32 * 34);
 
     // --dequantize is FP32 again.
-    let dequantize = LoadOptions { dequantize: true };
+    let dequantize = LoadOptions {
+        dequantize: true,
+        ..LoadOptions::default()
+    };
     let wgpu_f32 = LlamaModel::<WgpuBackend>::largest_weight(&file, dequantize).unwrap();
     assert_eq!(wgpu_f32.1, fp32);
     let cpu_f32 = LlamaModel::<CpuBackend>::largest_weight(&file, dequantize).unwrap();

@@ -127,7 +127,10 @@ fn long_context_tiers_on_cpu() {
     run(
         BackendKind::Cpu,
         TierRuns {
-            load: LoadOptions { dequantize: true },
+            load: LoadOptions {
+                dequantize: true,
+                ..LoadOptions::default()
+            },
             prompt: long_prompt(600),
             tokens: 32,
             policies: vec![

@@ -6,8 +6,14 @@ use crate::common::{run_check_with, Check, MIN_MARGIN, Q8_MIN_MARGIN};
 use fornax_backends::BackendKind;
 use fornax_engine::model::LoadOptions;
 
-const DEQUANTIZED: LoadOptions = LoadOptions { dequantize: true };
-const QUANTIZED: LoadOptions = LoadOptions { dequantize: false };
+const DEQUANTIZED: LoadOptions = LoadOptions {
+    dequantize: true,
+    reference_ops: false,
+};
+const QUANTIZED: LoadOptions = LoadOptions {
+    dequantize: false,
+    reference_ops: false,
+};
 
 #[test]
 fn last_logits_match_float_reference() {

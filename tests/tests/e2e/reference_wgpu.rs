@@ -23,7 +23,10 @@ fn greedy_tokens_match_float_reference() {
 fn perplexity_matches_cpu_backend_token_by_token() {
     use fornax_engine::model::LoadOptions;
     const TOKENS: usize = 512;
-    let dequantized = LoadOptions { dequantize: true };
+    let dequantized = LoadOptions {
+        dequantize: true,
+        ..LoadOptions::default()
+    };
     let cpu = run_on(BackendKind::Cpu, PrefixLogprobs(TOKENS, dequantized)).unwrap();
     let gpu = run_on(
         BackendKind::Wgpu,
@@ -71,7 +74,10 @@ fn quantized_weights_match_f32_weights() {
                 LlamaModel::<B>::from_gguf_with(
                     &gguf,
                     &device,
-                    LoadOptions { dequantize },
+                    LoadOptions {
+                        dequantize,
+                        ..LoadOptions::default()
+                    },
                     &mut |_, _| {},
                 )
                 .unwrap()

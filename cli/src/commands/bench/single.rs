@@ -1,5 +1,7 @@
-//! `fornax bench single`: one sequence's prefill and decode speed, and the device memory
-//! of the weights, with quantized weights and with FP32 weights side by side.
+//! `fornax bench single`: one sequence's prefill and decode speed over the paged KV cache
+//! (as the server runs it), the device memory of the weights, and dispatches and syncs per
+//! decoded token, side by side in one run: quantized weights through the fused kernels,
+//! quantized weights operation by operation (`--reference-ops`) and FP32 weights.
 
 use std::time::Instant;
 
@@ -8,8 +10,10 @@ use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::device_counts::{counted, DeviceCounts};
 use fornax_engine::gguf::GgufFile;
+use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
 use fornax_engine::sampling::argmax_rows;
+use fornax_engine::seq_cache::{PagedSeq, SeqCache};
 use fornax_engine::tokenizer::Tokenizer;
 use fornax_engine::{prefill_logits, EngineBackend};
 
@@ -74,18 +78,20 @@ impl Single<'_> {
             .zip(before)
             .map(|(after, before)| after.bytes_in_use.saturating_sub(before.bytes_in_use));
         let prompt = self.prompt()?;
+        let blocks = (prompt.len() + a.gen_tokens).div_ceil(BLOCK_TOKENS) + 1;
+        let mut kv = model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
         let (mut prefill_tps, mut decode_tps) = (Vec::new(), Vec::new());
         let mut decode_counts = DeviceCounts::default();
         for run in 0..=a.runs {
-            let mut cache = model.new_cache();
+            let mut seq = PagedSeq::new(&mut kv);
             let t = Instant::now();
-            let mut next = argmax_rows(prefill_logits(&model, &prompt, &mut cache, 256)?)[0];
+            let mut next = argmax_rows(prefill_logits(&model, &prompt, &mut seq, 256)?)[0];
             let prefill_s = t.elapsed().as_secs_f64();
             let t = Instant::now();
             let decoded: Result<()>;
             (decoded, decode_counts) = counted(|| {
                 for _ in 0..a.gen_tokens {
-                    next = argmax_rows(model.forward(&[next], &mut cache, Logits::Last)?)[0];
+                    next = argmax_rows(seq.forward(&model, &[next], Logits::Last)?)[0];
                 }
                 Ok(())
             });
@@ -125,9 +131,23 @@ impl BackendTask for Single<'_> {
         let a = self.args;
         let mut paths = Vec::new();
         if B::has_quant_kernels() && !a.model.dequantize {
-            paths.push(self.measure::<B>(&device, "quantized", LoadOptions::default())?);
+            if B::has_fused_layers() {
+                paths.push(self.measure::<B>(&device, "fused", LoadOptions::default())?);
+            }
+            let reference = LoadOptions {
+                reference_ops: true,
+                ..LoadOptions::default()
+            };
+            paths.push(self.measure::<B>(&device, "quantized", reference)?);
         }
-        paths.push(self.measure::<B>(&device, "f32", LoadOptions { dequantize: true })?);
+        paths.push(self.measure::<B>(
+            &device,
+            "f32",
+            LoadOptions {
+                dequantize: true,
+                ..LoadOptions::default()
+            },
+        )?);
 
         println!("backend: {} | adapter: {}", info.kind, info.adapter);
         println!(
@@ -141,7 +161,7 @@ impl BackendTask for Single<'_> {
             println!("this backend has no quantized-weight kernels: weights are FP32");
         }
         println!(
-            "| weights | quantized matrices | weight bytes | device memory (vs file) | load s | prefill tok/s | decode tok/s | dispatches per decoded token | syncs per decoded token | bytes read back per token |"
+            "| path | quantized matrices | weight bytes | device memory (vs file) | load s | prefill tok/s | decode tok/s | dispatches per decoded token | syncs per decoded token | bytes read back per token |"
         );
         println!("|---|---|---|---|---|---|---|---|---|---|");
         for p in &paths {
@@ -167,12 +187,23 @@ impl BackendTask for Single<'_> {
                 p.per_token.read_bytes
             );
         }
-        if let [q, f] = &paths[..] {
+        let [.., q, f] = &paths[..] else {
+            return Ok(());
+        };
+        if q.name == "quantized" {
             println!(
                 "quantized vs f32: weights {:.2}x smaller, prefill {:.2}x, decode {:.2}x",
                 f.weight_bytes as f64 / q.weight_bytes as f64,
                 q.prefill_tps / f.prefill_tps,
                 q.decode_tps / f.decode_tps
+            );
+        }
+        if let [fused, reference, _] = &paths[..] {
+            println!(
+                "fused vs reference ops: dispatches per decoded token {:.2}x fewer, prefill {:.2}x, decode {:.2}x",
+                reference.per_token.dispatches as f64 / fused.per_token.dispatches.max(1) as f64,
+                fused.prefill_tps / reference.prefill_tps,
+                fused.decode_tps / reference.decode_tps
             );
         }
         Ok(())
