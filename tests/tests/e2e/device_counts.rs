@@ -5,43 +5,75 @@ use burn::tensor::{Tensor, TensorData};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::device_counts::{counted, DeviceCounts};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
-use fornax_engine::prefill_logits;
+use fornax_engine::kv::{KvCapacity, TierPolicy};
+use fornax_engine::model::{LlamaModel, LoadOptions, Logits, SeqTokens};
 use fornax_engine::sampling::{argmax, argmax_rows};
 use fornax_engine::EngineBackend;
 
 use crate::common::{model_file, run_on};
 
-/// Two greedy decode steps of the real model after an 8-token prompt, each counted: the
-/// layer count and the steps' counts.
-struct DecodeSteps;
+/// Two greedy decode steps of the real model for `batch` sequences after an 8-token
+/// prompt each, over the paged cache (as the engine and server run), each step counted:
+/// the layer count and the steps' counts.
+struct DecodeSteps {
+    batch: usize,
+    options: LoadOptions,
+}
+
+const ONE: DecodeSteps = DecodeSteps {
+    batch: 1,
+    options: LoadOptions {
+        dequantize: false,
+        reference_ops: false,
+    },
+};
 
 impl BackendTask for DecodeSteps {
     type Output = (usize, [DeviceCounts; 2]);
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
         let gguf = GgufFile::parse(model_file().bytes()).expect("model");
-        let model =
-            LlamaModel::<B>::from_gguf_with(&gguf, &device, LoadOptions::default(), &mut |_, _| {})
-                .expect("model");
-        let mut cache = model.new_cache();
+        let model = LlamaModel::<B>::from_gguf_with(&gguf, &device, self.options, &mut |_, _| {})
+            .expect("model");
+        let capacity = KvCapacity::f32_only(2 * self.batch);
+        let mut kv = model.new_paged_cache(capacity, TierPolicy::ALL_F32);
+        let seqs: Vec<_> = (0..self.batch).map(|_| kv.add_sequence()).collect();
         let prompt = [1, 504, 3575, 282, 4649, 314, 253, 2];
-        let logits = prefill_logits(&model, &prompt, &mut cache, 256).expect("prefill");
-        let mut next = argmax_rows(logits)[0];
+        let batch: Vec<_> = seqs
+            .iter()
+            .map(|&seq| SeqTokens {
+                seq,
+                tokens: &prompt,
+            })
+            .collect();
+        let logits = model
+            .forward_batch(&batch, &mut kv, Logits::Last)
+            .expect("prefill");
+        let mut next = argmax_rows(logits);
         let steps = [(); 2].map(|_| {
-            let (token, counts) = counted(|| {
+            let (tokens, counts) = counted(|| {
+                let batch: Vec<_> = seqs
+                    .iter()
+                    .zip(&next)
+                    .map(|(&seq, t)| SeqTokens {
+                        seq,
+                        tokens: std::slice::from_ref(t),
+                    })
+                    .collect();
                 let logits = model
-                    .forward(&[next], &mut cache, Logits::Last)
+                    .forward_batch(&batch, &mut kv, Logits::Last)
                     .expect("decode");
-                argmax_rows(logits)[0]
+                argmax_rows(logits)
             });
-            next = token;
+            next = tokens;
             counts
         });
         eprintln!(
-            "[{} on {}] decode step: {} dispatches ({:.1} per layer), {} syncs, {} bytes read back",
+            "[{} on {}, {} sequences{}] decode step: {} dispatches ({:.1} per layer), {} syncs, {} bytes read back",
             info.kind,
             info.adapter,
+            self.batch,
+            if self.options.reference_ops { ", reference ops" } else { "" },
             steps[1].dispatches,
             steps[1].dispatches as f64 / model.config.n_layers as f64,
             steps[1].syncs,
@@ -56,7 +88,7 @@ impl BackendTask for DecodeSteps {
 /// bytes, not the 49,152 logits.
 #[test]
 fn decode_step_dispatches_and_syncs_are_counted_on_wgpu() {
-    let (layers, [a, b]) = run_on(BackendKind::Wgpu, DecodeSteps).expect("a wgpu adapter");
+    let (layers, [a, b]) = run_on(BackendKind::Wgpu, ONE).expect("a wgpu adapter");
     assert!(
         a.dispatches >= layers as u64,
         "at least one dispatch per layer, counted {}",
@@ -72,10 +104,43 @@ fn decode_step_dispatches_and_syncs_are_counted_on_wgpu() {
     }
 }
 
+/// The dispatch budget of the fused layers: a decode step (embedding, every layer, final
+/// norm, output product and greedy choice together) launches at most 8 kernels per layer,
+/// alone and for a batch of sequences, and at most a quarter of what the same step costs
+/// operation by operation (`--reference-ops`).
+#[test]
+fn fused_decode_step_launches_at_most_eight_kernels_per_layer() {
+    let reference = DecodeSteps {
+        batch: 1,
+        options: LoadOptions {
+            reference_ops: true,
+            ..LoadOptions::default()
+        },
+    };
+    let (_, [_, by_operation]) = run_on(BackendKind::Wgpu, reference).expect("a wgpu adapter");
+    for batch in [1, 4] {
+        let steps = DecodeSteps { batch, ..ONE };
+        let (layers, [_, step]) = run_on(BackendKind::Wgpu, steps).unwrap();
+        assert!(
+            step.dispatches <= 8 * layers as u64,
+            "{batch} sequences: {} dispatches for {layers} layers",
+            step.dispatches
+        );
+        if batch == 1 {
+            assert!(
+                4 * step.dispatches <= by_operation.dispatches,
+                "fused {} against {} operation by operation",
+                step.dispatches,
+                by_operation.dispatches
+            );
+        }
+    }
+}
+
 /// The CPU backend launches no kernels; its one read-back is the token id.
 #[test]
 fn cpu_decode_step_launches_no_kernels() {
-    let (_, steps) = run_on(BackendKind::Cpu, DecodeSteps).unwrap();
+    let (_, steps) = run_on(BackendKind::Cpu, ONE).unwrap();
     for step in steps {
         assert_eq!(step.dispatches, 0);
         assert_eq!(step.syncs, 1);

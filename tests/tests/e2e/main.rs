@@ -10,6 +10,7 @@ mod bad_input;
 mod dequant;
 mod device_counts;
 mod engine_batching;
+mod fused_layers;
 mod kv_kernels;
 mod kv_memory;
 mod layer_kernels;

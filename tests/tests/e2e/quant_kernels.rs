@@ -38,16 +38,16 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Ve
     bytes
 }
 
-struct Case {
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
+pub(crate) struct Case {
+    pub(crate) ty: GgmlType,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
     /// Dequantized by the GGUF decoder, `[rows, cols]`.
-    values: Vec<f32>,
-    weight: QuantMatrix<B>,
+    pub(crate) values: Vec<f32>,
+    pub(crate) weight: QuantMatrix<B>,
 }
 
-fn case(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Case {
+pub(crate) fn case(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Case {
     let device = wgpu_device().expect("a wgpu adapter").0;
     let mut rng = StdRng::seed_from_u64(seed);
     let bytes = random_blocks(ty, rows, cols, &mut rng);
@@ -68,7 +68,7 @@ fn case(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Case {
     }
 }
 
-fn host(t: Tensor<B, 2>) -> Vec<f32> {
+pub(crate) fn host(t: Tensor<B, 2>) -> Vec<f32> {
     t.into_data().convert::<f32>().into_vec().unwrap()
 }
 

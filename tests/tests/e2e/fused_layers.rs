@@ -1,0 +1,275 @@
+//! The fused layer kernels: products whose epilogue does a layer's element-wise work
+//! (`fornax_shaders::epilogue`), against the product followed by burn's operations, on
+//! random data of odd sizes through every kernel that carries an epilogue; then the real
+//! model through the fused kernels against the same model operation by operation.
+//!
+//! The product inside both is the same kernel with the same sums, so the epilogues are held
+//! to FP32 rounding: `1e-5` relative. The model is held to `1e-3` on every logit.
+
+use burn::tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
+use fornax_backends::{wgpu_device, BackendKind, BackendTask, DeviceInfo, WgpuBackend};
+use fornax_engine::gguf::{GgmlType, GgufFile};
+use fornax_engine::kv::{KvCapacity, TierPolicy};
+use fornax_engine::model::{LlamaModel, LoadOptions, Logits, Rope};
+use fornax_engine::quant::format_code;
+use fornax_engine::seq_cache::{PagedSeq, SeqCache};
+use fornax_engine::{logits_to_vec, prefill_logits, EngineBackend};
+use fornax_shaders::quant_launch::{self, Epilogue, MatvecShape, QuantTensors, RopeKv};
+use fornax_shaders::quant_matmul::MATVEC_MAX_TOKENS;
+
+use crate::common::{model_file, read_reference, run_on, Prompts};
+use crate::quant_kernels::{case, host, Case};
+
+type B = WgpuBackend;
+type R = burn::backend::wgpu::WgpuRuntime;
+type CubeTensor = burn_cubecl::tensor::CubeTensor<R>;
+
+fn float(t: Tensor<B, 2>) -> CubeTensor {
+    t.into_primitive().tensor()
+}
+
+fn tensor(t: CubeTensor) -> Tensor<B, 2> {
+    Tensor::from_primitive(TensorPrimitive::Float(t))
+}
+
+fn words(c: &Case) -> QuantTensors<R> {
+    QuantTensors {
+        quants: c.weight.device_words().unwrap().0.clone().into_primitive(),
+        scales: c.weight.device_words().unwrap().1.clone().into_primitive(),
+        format: format_code(c.ty).unwrap(),
+        rows: c.rows,
+        cols: c.cols,
+    }
+}
+
+/// Largest `|a - b| / max(1, |b|)`.
+fn worst(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+        .fold(0.0, f32::max)
+}
+
+/// The ways a product with an epilogue is computed: the matrix-vector kernel (as the
+/// device lays it out, and a unit per row), the tiled kernel, and a product followed by
+/// the stand-alone epilogue kernel.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Matvec(Option<MatvecShape>),
+    Tiled,
+    Separate,
+}
+
+fn routes(tokens: usize) -> Vec<Route> {
+    match tokens <= MATVEC_MAX_TOKENS {
+        true => vec![
+            Route::Matvec(None),
+            Route::Matvec(Some(MatvecShape::ROW_PER_UNIT)),
+            Route::Separate,
+        ],
+        false => vec![Route::Tiled, Route::Separate],
+    }
+}
+
+/// `x @ W^T` then `epilogue`, through `route`.
+fn through(route: Route, x: Tensor<B, 2>, c: &Case, epilogue: Epilogue<R>) -> Tensor<B, 2> {
+    let w = words(c);
+    tensor(match route {
+        Route::Matvec(shape) => quant_launch::matmul_then(float(x), &w, shape, epilogue),
+        Route::Tiled => quant_launch::matmul_then(float(x), &w, None, epilogue),
+        Route::Separate => quant_launch::finish(quant_launch::matmul(float(x), &w, None), epilogue),
+    })
+}
+
+const TOKENS: [usize; 5] = [1, 3, 8, 13, 40];
+
+#[test]
+fn residual_and_swiglu_epilogues_match_separate_operations() {
+    let _shared = crate::common::wgpu_shared();
+    let device = wgpu_device().expect("a wgpu adapter").0;
+    for (i, ty) in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0]
+        .into_iter()
+        .enumerate()
+    {
+        // Odd heights: the last pair has one row.
+        let c = case(ty, 77, 96, 40 + i as u64);
+        let gate_up = case(ty, 90, 64, 50 + i as u64);
+        for tokens in TOKENS {
+            let x =
+                Tensor::<B, 2>::random([tokens, c.cols], Distribution::Uniform(-1.0, 1.0), &device);
+            let res =
+                Tensor::<B, 2>::random([tokens, c.rows], Distribution::Uniform(-4.0, 4.0), &device);
+            let product = tensor(quant_launch::matmul(float(x.clone()), &words(&c), None));
+            let want = host(product + res.clone());
+            let xg =
+                Tensor::<B, 2>::random([tokens, 64], Distribution::Uniform(-2.0, 2.0), &device);
+            let both = tensor(quant_launch::matmul(
+                float(xg.clone()),
+                &words(&gate_up),
+                None,
+            ));
+            let pairs = both.reshape([tokens, 45, 2]);
+            let part = |p| pairs.clone().narrow(2, p, 1).reshape([tokens, 45]);
+            let want_swiglu = host(burn::tensor::activation::silu(part(0)) * part(1));
+            for route in routes(tokens) {
+                let got = host(through(
+                    route,
+                    x.clone(),
+                    &c,
+                    Epilogue::Residual(float(res.clone())),
+                ));
+                let err = worst(&got, &want);
+                assert!(
+                    err < 1e-5,
+                    "{ty:?} residual, {tokens} tokens, {route:?}: {err}"
+                );
+                let got = host(through(route, xg.clone(), &gate_up, Epilogue::Swiglu));
+                let err = worst(&got, &want_swiglu);
+                assert!(
+                    err < 1e-5,
+                    "{ty:?} SwiGLU, {tokens} tokens, {route:?}: {err}"
+                );
+            }
+        }
+    }
+}
+
+/// RoPE on Q and K and the write of K and V into arena rows, against the product, burn's
+/// RoPE and the rows compared on the host; rows not written stay zero.
+#[test]
+fn rope_kv_epilogue_matches_separate_operations() {
+    let _shared = crate::common::wgpu_shared();
+    let device = wgpu_device().expect("a wgpu adapter").0;
+    let (heads, kv_heads, head_dim, slots) = (3, 1, 16, 64);
+    let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
+    let rope = Rope::<B>::new(head_dim, 512, 10_000.0, &device);
+    let c = case(GgmlType::Q4_1, q_width + 2 * kv_width, 96, 60);
+    for tokens in TOKENS {
+        let x = Tensor::<B, 2>::random([tokens, c.cols], Distribution::Uniform(-1.0, 1.0), &device);
+        let positions: Vec<u32> = (0..tokens).map(|t| (37 * t as u32 + 5) % 512).collect();
+        let rows: Vec<u32> = (0..tokens)
+            .map(|t| (11 * t as u32 + 3) % slots as u32)
+            .collect();
+        let info: Vec<i32> = positions
+            .iter()
+            .zip(&rows)
+            .flat_map(|(&p, &r)| [p as i32, r as i32])
+            .collect();
+        let ints = |v: Vec<i32>| {
+            Tensor::<B, 1, Int>::from_data(TensorData::new(v.clone(), [v.len()]), &device)
+        };
+        let product = tensor(quant_launch::matmul(float(x.clone()), &words(&c), None));
+        let pos = ints(positions.iter().map(|&p| p as i32).collect());
+        let q = rope.apply_rows(product.clone().narrow(1, 0, q_width), heads, pos.clone());
+        let k = host(rope.apply_rows(product.clone().narrow(1, q_width, kv_width), kv_heads, pos));
+        let v = host(product.narrow(1, q_width + kv_width, kv_width));
+        let want_q = host(q);
+        for route in routes(tokens) {
+            let keys = Tensor::<B, 2>::zeros([slots, kv_width], &device);
+            let values = Tensor::<B, 2>::zeros([slots, kv_width], &device);
+            let epilogue = Epilogue::RopeKv(RopeKv {
+                keys: float(keys.clone()),
+                values: float(values.clone()),
+                info: ints(info.clone()).into_primitive(),
+                table: float(rope.pairs().clone()),
+                q_width,
+                kv_width,
+                head_dim,
+            });
+            let got_q = host(through(route, x.clone(), &c, epilogue));
+            let err = worst(&got_q, &want_q);
+            assert!(err < 1e-5, "Q, {tokens} tokens, {route:?}: {err}");
+            let (keys, values) = (host(keys), host(values));
+            for (arena, want, name) in [(&keys, &k, "K"), (&values, &v, "V")] {
+                for slot in 0..slots {
+                    let row = &arena[slot * kv_width..(slot + 1) * kv_width];
+                    match rows.iter().position(|&r| r as usize == slot) {
+                        // Tokens that share a row write it alike only when they are the same
+                        // token; the rows chosen above are distinct for up to 64 tokens.
+                        Some(t) => {
+                            let err = worst(row, &want[t * kv_width..(t + 1) * kv_width]);
+                            assert!(
+                                err < 1e-5,
+                                "{name} of token {t}, {tokens} tokens, {route:?}: {err}"
+                            );
+                        }
+                        None => {
+                            assert!(row.iter().all(|&x| x == 0.0), "{name} row {slot} untouched")
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The real model through the fused kernels and operation by operation, fed the same
+/// tokens: every logit of the prefill and of 8 greedy steps per reference prompt.
+struct FusedAgainstReference;
+
+impl BackendTask for FusedAgainstReference {
+    type Output = Vec<(String, f32, Vec<u32>, Vec<u32>)>;
+
+    fn run<Bk: EngineBackend>(self, device: Bk::Device, _: DeviceInfo) -> Self::Output {
+        let gguf = GgufFile::parse(model_file().bytes()).expect("model");
+        let load = |reference_ops| {
+            let options = LoadOptions {
+                reference_ops,
+                ..LoadOptions::default()
+            };
+            LlamaModel::<Bk>::from_gguf_with(&gguf, &device, options, &mut |_, _| {}).unwrap()
+        };
+        let (fused, reference) = (load(false), load(true));
+        let layers = fused.config.n_layers;
+        assert_eq!(
+            fused.matrices().count(),
+            1 + 4 * layers,
+            "Q, K, V and gate, up joined"
+        );
+        assert_eq!(reference.matrices().count(), 1 + 7 * layers);
+        let prompts: Prompts = read_reference("prompts.json");
+        prompts
+            .prompts
+            .iter()
+            .map(|p| {
+                let mut caches = [&fused, &reference]
+                    .map(|m| m.new_paged_cache(KvCapacity::f32_only(4), TierPolicy::ALL_F32));
+                let [kf, kr] = &mut caches;
+                let (mut sf, mut sr) = (PagedSeq::new(kf), PagedSeq::new(kr));
+                let mut lf =
+                    logits_to_vec(prefill_logits(&fused, &p.prompt_ids, &mut sf, 256).unwrap());
+                let mut lr =
+                    logits_to_vec(prefill_logits(&reference, &p.prompt_ids, &mut sr, 256).unwrap());
+                let (mut worst_diff, mut tf, mut tr) = (0.0f32, Vec::new(), Vec::new());
+                for _ in 0..8 {
+                    let diff = lf
+                        .iter()
+                        .zip(&lr)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0, f32::max);
+                    worst_diff = worst_diff.max(diff);
+                    let (a, b) = (
+                        fornax_engine::sampling::argmax(&lf),
+                        fornax_engine::sampling::argmax(&lr),
+                    );
+                    tf.push(a);
+                    tr.push(b);
+                    lf = logits_to_vec(sf.forward(&fused, &[a], Logits::Last).unwrap());
+                    lr = logits_to_vec(sr.forward(&reference, &[a], Logits::Last).unwrap());
+                }
+                (p.prompt.clone(), worst_diff, tf, tr)
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn real_model_fused_matches_reference_ops() {
+    let results = run_on(BackendKind::Wgpu, FusedAgainstReference).expect("a wgpu adapter");
+    for (prompt, diff, fused, reference) in results {
+        eprintln!("{prompt:?}: worst logit difference {diff:.2e}, tokens {fused:?}");
+        assert!(diff <= 1e-3, "{prompt:?}: logits differ by {diff}");
+        assert_eq!(fused, reference, "{prompt:?}: greedy tokens");
+    }
+}
