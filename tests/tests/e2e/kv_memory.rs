@@ -1,13 +1,17 @@
 //! The KV pool allocates once: across 100 decode steps of a batch on lavapipe the device
 //! allocator's live allocations and reserved bytes stay flat (blocks come from the pool,
-//! tokens are written in place). A small random model is enough: this is about the
-//! cache's allocations, not the model's outputs.
+//! tokens are written in place). A small random model covers the cache and its tiers; the
+//! real model covers the fused layer kernels, whose activations and scratch buffers come
+//! back to the allocator's pool step after step.
 
 use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
+use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
-use fornax_engine::model::{LlamaConfig, LlamaModel, Logits, SeqTokens};
-use fornax_engine::sampling::argmax;
-use fornax_engine::{logits_to_vec, EngineBackend};
+use fornax_engine::model::{LlamaConfig, LlamaModel, LoadOptions, Logits, SeqTokens};
+use fornax_engine::sampling::{argmax, argmax_rows};
+use fornax_engine::{logits_to_vec, DeviceMemory, EngineBackend};
+
+use crate::common::model_file;
 
 struct DecodeSteps;
 
@@ -53,13 +57,70 @@ impl BackendTask for DecodeSteps {
         }
         // Blocks aged through both lower tiers during the run.
         assert!(stats.conversions >= 6, "{stats:?}");
-        // After 10 warm-up steps, 100 steps with identical allocator figures.
-        let warm = &usage[10..];
-        assert_eq!(warm.len(), 100);
-        for (i, u) in warm.iter().enumerate() {
-            assert_eq!(*u, warm[0], "step {}: allocator figures changed", i + 10);
-        }
+        assert_flat(&usage);
     }
+}
+
+/// After 10 warm-up steps, 100 steps with identical allocator figures.
+fn assert_flat(usage: &[DeviceMemory]) {
+    let warm = &usage[10..];
+    assert_eq!(warm.len(), 100);
+    for (i, u) in warm.iter().enumerate() {
+        assert_eq!(*u, warm[0], "step {}: allocator figures changed", i + 10);
+    }
+}
+
+/// The real model through the fused layer kernels (the KV written by the QKV product's
+/// epilogue), greedy tokens picked on the device: 110 steps of two sequences.
+struct FusedDecodeSteps;
+
+impl BackendTask for FusedDecodeSteps {
+    type Output = ();
+
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) {
+        let gguf = GgufFile::parse(model_file().bytes()).expect("model");
+        let model =
+            LlamaModel::<B>::from_gguf_with(&gguf, &device, LoadOptions::default(), &mut |_, _| {})
+                .expect("model");
+        assert_eq!(
+            model.matrices().count(),
+            1 + 4 * model.config.n_layers,
+            "joined weights: the fused path"
+        );
+        let mut kv = model.new_paged_cache(KvCapacity::f32_only(12), TierPolicy::ALL_F32);
+        let seqs = [kv.add_sequence(), kv.add_sequence()];
+        let prompts: [&[u32]; 2] = [&[504, 3575, 282, 4649, 314], &[1, 28, 216, 34, 28]];
+        let batch: Vec<SeqTokens> = (0..2)
+            .map(|i| SeqTokens {
+                seq: seqs[i],
+                tokens: prompts[i],
+            })
+            .collect();
+        let mut next = argmax_rows(model.forward_batch(&batch, &mut kv, Logits::Last).unwrap());
+        let mut usage = Vec::new();
+        for _ in 0..110 {
+            let step: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+            let batch: Vec<SeqTokens> = (0..2)
+                .map(|i| SeqTokens {
+                    seq: seqs[i],
+                    tokens: &step[i],
+                })
+                .collect();
+            next = argmax_rows(model.forward_batch(&batch, &mut kv, Logits::Last).unwrap());
+            usage.push(B::device_memory(&device).expect("a cube backend reports memory"));
+        }
+        eprintln!(
+            "{}: step 10 {:?}, step 109 {:?}",
+            info.adapter, usage[10], usage[109]
+        );
+        assert_flat(&usage);
+    }
+}
+
+#[test]
+fn fused_decoding_does_not_allocate_per_token() {
+    let _alone = crate::common::wgpu_alone();
+    run_on(BackendKind::Wgpu, FusedDecodeSteps).expect("wgpu adapter");
 }
 
 #[test]
