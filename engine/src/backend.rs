@@ -7,6 +7,7 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use crate::kv::PagedAttentionOps;
 use crate::model::{FusedOps, LayerOps};
 use crate::quant::QuantOps;
+use crate::sampling::SamplingOps;
 
 /// Device memory held by the backend's allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +57,11 @@ where
 /// A backend the whole engine runs on: burn's operations plus our kernels (or their
 /// burn reference fallbacks).
 pub trait EngineBackend:
-    PagedAttentionOps + QuantOps + LayerOps + FusedOps + DeviceMemoryInfo
+    PagedAttentionOps + QuantOps + LayerOps + FusedOps + SamplingOps + DeviceMemoryInfo
 {
 }
 
-impl<B: PagedAttentionOps + QuantOps + LayerOps + FusedOps + DeviceMemoryInfo> EngineBackend for B {}
+impl<B> EngineBackend for B where
+    B: PagedAttentionOps + QuantOps + LayerOps + FusedOps + SamplingOps + DeviceMemoryInfo
+{
+}

@@ -7,11 +7,11 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use crate::kv::{KvStats, PagedKv};
 use crate::model::{LlamaModel, Logits, ModelError, SeqTokens};
-use crate::sampling::{argmax_rows, Sampler, SamplingParams};
+use crate::sampling::{pick_rows, Sampler, SamplingParams};
 use crate::sched::{
     FinishReason, KvBlocks, PolicyKind, RequestId, Scheduler, SchedulerConfig, SubmitError,
 };
-use crate::{logits_to_vec, EngineBackend};
+use crate::EngineBackend;
 
 /// A generation request.
 #[derive(Debug, Clone)]
@@ -154,39 +154,36 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         self.tokens_computed += plan.tokens() as u64;
         self.last_batch = (plan.batch.len(), plan.tokens());
 
-        // Only the rows that sample are read back: their tokens when every sampler is
-        // greedy (chosen on the device), else their logits.
+        // Only the rows that sample are picked, on the device where the backend can (one
+        // id read back per row).
         let rows: Vec<i64> = (0..plan.batch.len())
             .filter(|&i| plan.batch[i].samples)
             .map(|i| i as i64)
             .collect();
-        let greedy = rows.iter().all(|&i| {
-            self.decoding[&plan.batch[i as usize].id]
-                .sampler
-                .is_greedy()
-        });
-        let vocab = self.model.config.vocab_size;
-        let (mut tokens, mut host) = (Vec::new(), Vec::new());
+        let mut tokens = Vec::new();
         if !rows.is_empty() {
             let idx = Tensor::<B, 1, Int>::from_data(
                 TensorData::new(rows.clone(), [rows.len()]),
                 &self.model.device(),
             );
-            let picked = logits.select(0, idx);
-            match greedy {
-                true => tokens = argmax_rows(picked),
-                false => host = logits_to_vec(picked),
-            }
+            let ids: Vec<_> = rows.iter().map(|&i| plan.batch[i as usize].id).collect();
+            let mut by_id: HashMap<RequestId, &mut Sampler> = self
+                .decoding
+                .iter_mut()
+                .filter(|(id, _)| ids.contains(id))
+                .map(|(id, d)| (*id, &mut d.sampler))
+                .collect();
+            let mut samplers: Vec<&mut Sampler> = ids
+                .iter()
+                .map(|id| by_id.remove(id).expect("in flight"))
+                .collect();
+            tokens = pick_rows(logits.select(0, idx), &mut samplers);
         }
         let mut row = 0;
         for s in &plan.batch {
             let mut sampled = None;
             if s.samples {
-                let d = self.decoding.get_mut(&s.id).expect("in flight");
-                let token = match greedy {
-                    true => tokens[row],
-                    false => d.sampler.sample(&host[row * vocab..(row + 1) * vocab]),
-                };
+                let token = tokens[row];
                 row += 1;
                 sampled = Some(token);
                 events.push(Event::Token { id: s.id, token });

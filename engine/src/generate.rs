@@ -5,7 +5,7 @@ use crate::EngineBackend;
 use burn::tensor::{backend::Backend, Tensor, TensorData};
 
 use crate::model::{LlamaModel, Logits, ModelError};
-use crate::sampling::{argmax_rows, argmax_rows_async, Sampler, SamplingParams};
+use crate::sampling::{pick_rows, pick_rows_async, Sampler, SamplingParams};
 use crate::seq_cache::SeqCache;
 
 /// Settings of one generation.
@@ -122,28 +122,22 @@ impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
         token
     }
 
-    /// Picks the next token from the last pass's logits where they are (greedy: on the
-    /// device, reading back one id; otherwise the row is read back and sampled) and
-    /// records it.
+    /// Picks the next token from the last pass's logits where they are (on the device
+    /// where the backend can, reading back one id; else the row is read back and sampled)
+    /// and records it.
     pub fn pick(&mut self, logits: Tensor<B, 2>) -> u32 {
-        if self.sampler.is_greedy() {
-            let token = argmax_rows(logits)[0];
-            self.tokens.push(token);
-            return token;
-        }
-        self.sample(&logits_to_vec(logits))
+        let token = pick_rows(logits, &mut [&mut self.sampler])[0];
+        self.tokens.push(token);
+        token
     }
 
     /// [`Generation::pick`] without blocking the thread (in a browser).
     pub async fn pick_async(&mut self, logits: Tensor<B, 2>) -> Result<u32, ModelError> {
-        if self.sampler.is_greedy() {
-            let token = argmax_rows_async(logits)
-                .await
-                .map_err(ModelError::Readback)?[0];
-            self.tokens.push(token);
-            return Ok(token);
-        }
-        Ok(self.sample(&logits_to_vec_async(logits).await?))
+        let token = pick_rows_async(logits, &mut [&mut self.sampler])
+            .await
+            .map_err(ModelError::Readback)?[0];
+        self.tokens.push(token);
+        Ok(token)
     }
 
     /// Whether generation ends here: `max_tokens` reached, a stop token sampled, or the

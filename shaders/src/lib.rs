@@ -8,3 +8,5 @@ pub mod layer_ops;
 pub mod paged_attention;
 pub mod quant_launch;
 pub mod quant_matmul;
+pub mod sampling;
+pub mod sampling_launch;

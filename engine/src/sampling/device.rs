@@ -1,10 +1,17 @@
-//! Tokens chosen where the logits are: greedy decoding takes each row's argmax on the
-//! device, so a step reads back one token id per sequence instead of its whole row of
-//! logits (49,152 floats for the default model).
+//! Tokens chosen where the logits are: a step reads back one token id per sequence instead
+//! of its whole row of logits (49,152 floats for the default model). Greedy rows take the
+//! row's argmax (burn's reduction); sampled rows go through our sampling kernel
+//! (`fornax_shaders::sampling`) on CubeCL backends, with the draw made on the host from
+//! the request's seeded generator. A row whose token lies beyond the kernel's window, and
+//! every row on other backends, is read back and sampled on the host with the same draw.
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use fornax_shaders::sampling::{FALLBACK, PARAMS, WINDOW};
 
+use super::{Draw, Sampler};
 use crate::device_counts::{read_back, read_back_async};
+use crate::{logits_to_vec, logits_to_vec_async};
 
 fn ids(data: TensorData) -> Vec<u32> {
     data.convert::<i64>()
@@ -28,4 +35,156 @@ pub fn argmax_rows<B: Backend>(logits: Tensor<B, 2>) -> Vec<u32> {
 /// [`argmax_rows`] without blocking the thread (in a browser).
 pub async fn argmax_rows_async<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<u32>, String> {
     Ok(ids(read_back_async(argmax(logits)).await?))
+}
+
+/// Backends that can sample on the device.
+pub trait SamplingOps: Backend {
+    /// The token of each row of `logits` under its draw, or [`FALLBACK`] where the host
+    /// must choose; `None` where this backend has no sampling kernel.
+    fn sample_rows(_logits: Tensor<Self, 2>, _draws: &[Draw]) -> Option<Tensor<Self, 1, Int>> {
+        None
+    }
+}
+
+impl<E, I, Q> SamplingOps for burn::backend::NdArray<E, I, Q>
+where
+    E: burn::backend::ndarray::FloatNdArrayElement,
+    I: burn::backend::ndarray::IntNdArrayElement,
+    Q: burn::backend::ndarray::QuantElement,
+    burn::backend::ndarray::NdArrayTensor:
+        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
+{
+}
+
+impl<R, F, I, BT> SamplingOps for CubeBackend<R, F, I, BT>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    fn sample_rows(logits: Tensor<Self, 2>, draws: &[Draw]) -> Option<Tensor<Self, 1, Int>> {
+        // The kernel reads FP32 logits and writes 32-bit ids.
+        let fits = F::dtype() == burn::tensor::DType::F32 && I::dtype().size() == 4;
+        if !fits || draws.iter().any(|d| d.top_k > WINDOW) {
+            return None;
+        }
+        let params: Vec<f32> = draws
+            .iter()
+            .flat_map(|d| [d.temperature, d.top_k as f32, d.top_p, d.u])
+            .collect();
+        let params = Tensor::<Self, 1>::from_data(
+            TensorData::new(params, [draws.len() * PARAMS]),
+            &logits.device(),
+        );
+        let out = fornax_shaders::sampling_launch::sample(
+            logits.into_primitive().tensor(),
+            params.into_primitive().tensor(),
+            I::dtype(),
+        );
+        Some(Tensor::from_primitive(out))
+    }
+}
+
+/// How a step's rows get their tokens.
+enum Plan<B: Backend> {
+    /// Every row greedy: argmax on the device.
+    Greedy(Tensor<B, 2, Int>),
+    /// The sampling kernel's ids, with the logits for rows that fall back.
+    Device(Tensor<B, 1, Int>, Tensor<B, 2>),
+    /// Every row from the logits on the host.
+    Host(Tensor<B, 2>),
+}
+
+fn plan<B: SamplingOps>(logits: Tensor<B, 2>, draws: &[Draw]) -> Plan<B> {
+    if draws.iter().all(|d| d.top_k == 1) {
+        return Plan::Greedy(argmax(logits));
+    }
+    match B::sample_rows(logits.clone(), draws) {
+        Some(ids) => Plan::Device(ids, logits),
+        None => Plan::Host(logits),
+    }
+}
+
+/// The host's choice for each row of `values` (`vocab` wide).
+fn choose_all(values: &[f32], samplers: &[&mut Sampler], draws: &[Draw]) -> Vec<u32> {
+    let vocab = values.len() / draws.len().max(1);
+    values
+        .chunks_exact(vocab.max(1))
+        .zip(samplers.iter().zip(draws))
+        .map(|(row, (s, d))| s.choose(row, d.u))
+        .collect()
+}
+
+/// Rows answered [`FALLBACK`], as an index tensor on `logits`' device.
+fn fallback_rows<B: Backend>(
+    tokens: &[u32],
+    device: &B::Device,
+) -> Option<(Vec<usize>, Tensor<B, 1, Int>)> {
+    let rows: Vec<usize> = (0..tokens.len())
+        .filter(|&i| tokens[i] == FALLBACK)
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+    let t = Tensor::from_data(TensorData::new(idx, [rows.len()]), device);
+    Some((rows, t))
+}
+
+/// The host's choice for the fallback `rows` of `tokens`, whose logits are `values`.
+fn fill(
+    tokens: &mut [u32],
+    rows: &[usize],
+    values: &[f32],
+    samplers: &[&mut Sampler],
+    draws: &[Draw],
+) {
+    let vocab = values.len() / rows.len();
+    for (k, &r) in rows.iter().enumerate() {
+        tokens[r] = samplers[r].choose(&values[k * vocab..(k + 1) * vocab], draws[r].u);
+    }
+}
+
+async fn logits_async<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<f32>, String> {
+    logits_to_vec_async(logits).await.map_err(|e| e.to_string())
+}
+
+/// One token per row of `logits` `[rows, vocab]`, row `i` drawn by `samplers[i]` (each
+/// takes its draw here, as [`Sampler::sample`] would): chosen on the device where it can
+/// be (one read-back of the ids), else on the host from the logits read back.
+pub fn pick_rows<B: SamplingOps>(logits: Tensor<B, 2>, samplers: &mut [&mut Sampler]) -> Vec<u32> {
+    let draws: Vec<Draw> = samplers.iter_mut().map(|s| s.draw()).collect();
+    match plan(logits, &draws) {
+        Plan::Greedy(ids_t) => ids(read_back(ids_t)),
+        Plan::Host(logits) => choose_all(&logits_to_vec(logits), samplers, &draws),
+        Plan::Device(ids_t, logits) => {
+            let mut tokens = ids(read_back(ids_t));
+            if let Some((rows, idx)) = fallback_rows::<B>(&tokens, &logits.device()) {
+                let values = logits_to_vec(logits.select(0, idx));
+                fill(&mut tokens, &rows, &values, samplers, &draws);
+            }
+            tokens
+        }
+    }
+}
+
+/// [`pick_rows`] without blocking the thread (in a browser).
+pub async fn pick_rows_async<B: SamplingOps>(
+    logits: Tensor<B, 2>,
+    samplers: &mut [&mut Sampler],
+) -> Result<Vec<u32>, String> {
+    let draws: Vec<Draw> = samplers.iter_mut().map(|s| s.draw()).collect();
+    Ok(match plan(logits, &draws) {
+        Plan::Greedy(ids_t) => ids(read_back_async(ids_t).await?),
+        Plan::Host(logits) => choose_all(&logits_async(logits).await?, samplers, &draws),
+        Plan::Device(ids_t, logits) => {
+            let mut tokens = ids(read_back_async(ids_t).await?);
+            if let Some((rows, idx)) = fallback_rows::<B>(&tokens, &logits.device()) {
+                let values = logits_async(logits.select(0, idx)).await?;
+                fill(&mut tokens, &rows, &values, samplers, &draws);
+            }
+            tokens
+        }
+    })
 }

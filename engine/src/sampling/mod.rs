@@ -3,7 +3,7 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod device;
-pub use device::{argmax_rows, argmax_rows_async};
+pub use device::{argmax_rows, argmax_rows_async, pick_rows, pick_rows_async, SamplingOps};
 
 /// Sampling settings. `temperature == 0` means greedy.
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +68,29 @@ impl Sampler {
 
     /// Picks the next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let draw = self.draw();
+        self.choose(logits, draw.u)
+    }
+
+    /// This sample's settings and uniform draw, taken from the generator now (greedy
+    /// takes none), for a choice made elsewhere ([`Self::choose`] or the device).
+    pub fn draw(&mut self) -> Draw {
+        let p = &self.params;
+        let greedy = self.is_greedy();
+        Draw {
+            temperature: if greedy { 1.0 } else { p.temperature },
+            top_k: if greedy { 1 } else { p.top_k },
+            top_p: if greedy { 1.0 } else { p.top_p },
+            u: if greedy {
+                0.0
+            } else {
+                self.rng.random::<f32>()
+            },
+        }
+    }
+
+    /// The token `u` (this sample's [`Draw`]) picks from one row of logits.
+    pub fn choose(&self, logits: &[f32], u: f32) -> u32 {
         if self.is_greedy() {
             return argmax(logits);
         }
@@ -101,7 +124,7 @@ impl Sampler {
             probs.truncate(keep);
         }
         let total: f32 = probs.iter().sum();
-        let mut r = self.rng.random::<f32>() * total;
+        let mut r = u * total;
         for (i, &x) in probs.iter().enumerate() {
             if r < x {
                 return cands[i].0;
@@ -110,6 +133,19 @@ impl Sampler {
         }
         cands[probs.len() - 1].0
     }
+}
+
+/// One sample's settings with its uniform draw: what a choice needs besides the logits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    /// Temperature (1 for greedy).
+    pub temperature: f32,
+    /// Top-k, 0 for all (1 for greedy).
+    pub top_k: usize,
+    /// Top-p (1 for all).
+    pub top_p: f32,
+    /// The uniform draw in `[0, 1)`.
+    pub u: f32,
 }
 
 #[cfg(test)]

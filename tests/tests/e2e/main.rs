@@ -9,6 +9,7 @@ mod common;
 mod bad_input;
 mod dequant;
 mod device_counts;
+mod device_sampling;
 mod engine_batching;
 mod fused_layers;
 mod kv_kernels;

@@ -1,0 +1,38 @@
+//! Launching the sampling kernel ([`crate::sampling`]) from burn tensors.
+
+use burn_cubecl::{
+    kernel::into_contiguous, ops::numeric::empty_device_dtype, tensor::CubeTensor, CubeRuntime,
+};
+use cubecl::prelude::*;
+
+use crate::sampling::{sample_rows, SAMPLE_UNITS};
+
+/// The token of each row of `logits` `[rows, vocab]` (FP32) under `params` `[rows * 4]`
+/// (temperature, top-k, top-p, draw): `[rows]` ids of `id_dtype` (32-bit), one launch.
+pub fn sample<R: CubeRuntime>(
+    logits: CubeTensor<R>,
+    params: CubeTensor<R>,
+    id_dtype: burn_backend::DType,
+) -> CubeTensor<R> {
+    let logits = into_contiguous(logits);
+    let [rows, vocab] = [logits.meta.shape()[0], logits.meta.shape()[1]];
+    let out = empty_device_dtype(
+        logits.client.clone(),
+        logits.device.clone(),
+        [rows].into(),
+        id_dtype,
+    );
+    if rows == 0 {
+        return out;
+    }
+    sample_rows::launch::<R>(
+        &logits.client.clone(),
+        CubeCount::Static(rows as u32, 1, 1),
+        CubeDim::new_1d(SAMPLE_UNITS as u32),
+        logits.into_array_arg(),
+        into_contiguous(params).into_array_arg(),
+        out.clone().into_array_arg(),
+        vocab as u32,
+    );
+    out
+}
