@@ -4,7 +4,10 @@
 # the float reference (through the paged KV cache and our attention kernels), perplexity
 # of the reference text over the paged and the contiguous cache and with FP32 weights
 # (`--dequantize`; the default keeps Q4_1/Q8_0 weights quantized for our matmul kernels),
-# `bench single` (quantized and FP32 weights side by side), `bench kv` and `bench load`.
+# `bench single` (the fused kernels, the same quantized weights operation by operation and
+# FP32 weights side by side, with dispatches and syncs per decoded token), the aggregate
+# decode rate of 64 sequences (`bench case`, fused and `--reference-ops`), `bench kv` and
+# `bench load`.
 # Usage: scripts/gpu-check.sh FORNAX_BINARY MODEL.gguf [OUT_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +40,9 @@ PY
 "$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model"
 "$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model" --contiguous-kv
 "$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model" --dequantize
+"$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model" --reference-ops
 "$bin" bench single --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --runs 5
+"$bin" bench case --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --sequences 64
+"$bin" bench case --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --sequences 64 --reference-ops
 "$bin" bench kv --backend cuda --model "$model" --text "$ref/ppl_text.txt" --steps 32
 "$bin" bench load --backend cuda --model "$model" --text "$ref/ppl_text.txt" --requests 64

@@ -95,7 +95,8 @@ pub fn finish_pair(
 /// The epilogue over a product computed elsewhere: `product` `[n_tokens, rows]`.
 /// A unit per (token, row pair).
 #[cube(launch)]
-#[allow(clippy::too_many_arguments)]
+// CubeCL expands operators, not `div_ceil`.
+#[allow(clippy::too_many_arguments, clippy::manual_div_ceil)]
 pub fn finish_product(
     product: &Array<f32>,
     out: &mut Array<f32>,

@@ -96,6 +96,8 @@ pub struct RopeKv<R: CubeRuntime> {
 }
 
 /// What a product does with its results before writing them (see [`crate::epilogue`]).
+// Built once per launch and consumed by it: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Epilogue<R: CubeRuntime> {
     /// The product itself.
     Store,

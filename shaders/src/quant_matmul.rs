@@ -117,7 +117,8 @@ fn code(word: u32, #[comptime] shift: u32, #[comptime] format: u32) -> f32 {
 /// one FP32 sum per token, and the sums meet in workgroup memory. One lane per row suits
 /// CPU-like devices (lavapipe), where each unit is a SIMD lane walking its own row.
 #[cube(launch)]
-#[allow(clippy::too_many_arguments)]
+// CubeCL expands operators, not `is_multiple_of`.
+#[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
 pub fn quant_matvec(
     x: &Array<f32>,
     quants: &Array<u32>,

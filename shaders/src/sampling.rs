@@ -37,6 +37,8 @@ fn before(v: f32, i: u32, bv: f32, bi: u32) -> bool {
 
 /// `out[row]`: the token of `logits[row]` (`vocab` wide) under `params[row]`.
 #[cube(launch)]
+// CubeCL expands comparisons, not `RangeInclusive::contains`.
+#[allow(clippy::manual_range_contains)]
 pub fn sample_rows(logits: &Array<f32>, params: &Array<f32>, out: &mut Array<u32>, vocab: u32) {
     let row = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
