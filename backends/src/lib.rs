@@ -5,6 +5,7 @@
 mod kind;
 mod probe;
 mod run;
+mod yield_to_device;
 
 pub use kind::BackendKind;
 pub use probe::{probe_wgpu, AdapterSummary};

@@ -67,6 +67,9 @@ pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, B
         BackendKind::Auto => unreachable!("resolved above"),
         BackendKind::Wgpu => {
             let (device, adapter) = wgpu_device()?;
+            if device == WgpuDevice::Cpu {
+                crate::yield_to_device::lower_this_thread();
+            }
             Ok(task.run::<WgpuBackend>(device, DeviceInfo { kind, adapter }))
         }
         BackendKind::Cpu => {
