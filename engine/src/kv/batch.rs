@@ -37,10 +37,10 @@ pub struct PagedBatch<B: Backend> {
     /// Run layers whose weights are joined as the fused kernels (set by the model where
     /// the backend can bind them).
     pub fused: bool,
-    /// FP32 arena row of each new token.
     /// Per new row its RoPE position and FP32 arena row, interleaved (the fused kernels'
     /// one binding for both).
     pub rope_rows: Tensor<B, 1, Int>,
+    /// FP32 arena row of each new token.
     pub write_rows: Tensor<B, 1, Int>,
     /// Position of each row (for RoPE).
     pub positions: Tensor<B, 1, Int>,
