@@ -67,6 +67,13 @@ pub fn tiled_for_many_tokens<R: CubeRuntime>(client: &ComputeClient<R>) -> bool 
     client.properties().hardware.plane_size_max >= 32
 }
 
+/// Whether a product over `tokens` tokens should be FP32 matmuls over dequantized rows
+/// rather than our kernels on this device: more tokens than [`MATVEC_MAX_TOKENS`] where
+/// the tiled kernel does not pay ([`tiled_for_many_tokens`]).
+pub fn dequantize_for_many<R: CubeRuntime>(client: &ComputeClient<R>, tokens: usize) -> bool {
+    tokens > MATVEC_MAX_TOKENS && !tiled_for_many_tokens(client)
+}
+
 fn output<R: CubeRuntime>(like: &CubeTensor<R>, shape: [usize; 2]) -> CubeTensor<R> {
     empty_device_dtype(
         like.client.clone(),

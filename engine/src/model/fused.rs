@@ -10,7 +10,6 @@ use burn::tensor::{backend::Backend, Tensor, TensorPrimitive};
 use burn_cubecl::{tensor::CubeTensor, BoolElement, CubeBackend, CubeRuntime};
 use burn_cubecl::{FloatElement, IntElement};
 use fornax_shaders::quant_launch::{self, Epilogue, RopeKv};
-use fornax_shaders::quant_matmul::MATVEC_MAX_TOKENS;
 
 use super::{LayerOps, Rope};
 use crate::kv::{AttentionShape, KvStore, PagedBatch};
@@ -109,9 +108,7 @@ where
     BT: BoolElement,
 {
     let x = float(x);
-    let out = if x.meta.shape()[0] > MATVEC_MAX_TOKENS
-        && !quant_launch::tiled_for_many_tokens(&x.client)
-    {
+    let out = if quant_launch::dequantize_for_many(&x.client, x.meta.shape()[0]) {
         let product = by_dequantized_rows(Tensor::from_primitive(TensorPrimitive::Float(x)), w);
         quant_launch::finish(float(product), epilogue)
     } else {

@@ -7,7 +7,6 @@ use burn::tensor::TensorPrimitive;
 use burn::tensor::{backend::Backend, ops::FloatElem, DType, Int, Tensor, TensorData};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
 use fornax_shaders::quant_launch::{self, QuantTensors};
-use fornax_shaders::quant_matmul::MATVEC_MAX_TOKENS;
 
 use super::QuantMatrix;
 
@@ -172,8 +171,7 @@ where
             return reference_matmul(x, w);
         }
         let x = x.into_primitive().tensor();
-        if x.meta.shape()[0] > MATVEC_MAX_TOKENS && !quant_launch::tiled_for_many_tokens(&x.client)
-        {
+        if quant_launch::dequantize_for_many(&x.client, x.meta.shape()[0]) {
             return by_dequantized_rows(Tensor::from_primitive(TensorPrimitive::Float(x)), w);
         }
         let out = quant_launch::matmul(x, &quant_tensors(w), None);
