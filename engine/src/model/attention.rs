@@ -55,19 +55,23 @@ impl<B: EngineBackend> Attention<B> {
         batch: &PagedBatch<B>,
         layer: usize,
     ) -> Tensor<B, 2> {
-        let [_, d_model] = x.dims();
+        let shape = self.paged_shape(x.dims()[1], batch);
         let [q, k, v] = self.project(x);
         let q = B::rope_rows(q, self.n_heads, batch.positions.clone(), rope);
         let k = B::rope_rows(k, self.n_kv_heads, batch.positions.clone(), rope);
         kv.store.write(layer, batch.write_rows.clone(), k, v);
-        let shape = AttentionShape {
+        self.o
+            .forward(B::paged_attention(q, kv.store.layer(layer), batch, shape))
+    }
+
+    /// The shape of this layer's attention over `batch` for inputs `d_model` wide.
+    pub(crate) fn paged_shape(&self, d_model: usize, batch: &PagedBatch<B>) -> AttentionShape {
+        AttentionShape {
             n_heads: self.n_heads,
             n_kv_heads: self.n_kv_heads,
             head_dim: d_model / self.n_heads,
             max_blocks: batch.max_blocks,
-        };
-        self.o
-            .forward(B::paged_attention(q, kv.store.layer(layer), batch, shape))
+        }
     }
 
     /// Q, K and V of `x`.

@@ -4,7 +4,7 @@ use crate::EngineBackend;
 use burn::tensor::{backend::Backend, Tensor};
 
 use super::{Attention, KvCache, Mlp, QkvTarget, RmsNorm, Rope, Rows};
-use crate::kv::{AttentionShape, PagedBatch, PagedKv};
+use crate::kv::{PagedBatch, PagedKv};
 use crate::quant::QuantMatrix;
 
 /// A block's matrices as the fused kernels take them.
@@ -64,13 +64,7 @@ impl<B: EngineBackend> Block<B> {
         batch: &PagedBatch<B>,
         layer: usize,
     ) -> Tensor<B, 2> {
-        let [_, d_model] = x.dims();
-        let shape = AttentionShape {
-            n_heads: self.attn.n_heads,
-            n_kv_heads: self.attn.n_kv_heads,
-            head_dim: d_model / self.attn.n_heads,
-            max_blocks: batch.max_blocks,
-        };
+        let shape = self.attn.paged_shape(x.dims()[1], batch);
         let to = QkvTarget {
             rope,
             store: &mut kv.store,
