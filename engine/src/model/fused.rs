@@ -11,7 +11,8 @@ use burn_cubecl::{tensor::CubeTensor, BoolElement, CubeBackend, CubeRuntime};
 use burn_cubecl::{FloatElement, IntElement};
 use fornax_shaders::quant_launch::{self, Epilogue, RopeKv};
 
-use super::{LayerOps, Rope};
+use super::joint::split;
+use super::{LayerOps, Rope, Rows};
 use crate::kv::{AttentionShape, KvStore, PagedBatch};
 use crate::quant::{by_dequantized_rows, quant_tensors, QuantMatrix, QuantOps};
 
@@ -46,10 +47,11 @@ pub trait FusedOps: QuantOps + LayerOps {
     ) -> Tensor<Self, 2> {
         let q_width = to.shape.n_heads * to.shape.head_dim;
         let kv_width = to.shape.n_kv_heads * to.shape.head_dim;
-        let out = Self::quant_matmul(x, w);
-        let q = out.clone().narrow(1, 0, q_width);
-        let k = out.clone().narrow(1, q_width, kv_width);
-        let v = out.narrow(1, q_width + kv_width, kv_width);
+        let widths = [q_width, kv_width, kv_width];
+        let [q, k, v]: [Tensor<Self, 2>; 3] =
+            split(Self::quant_matmul(x, w), &widths, Rows::Stacked)
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("Q, K and V"));
         let positions = to.batch.positions.clone();
         let k = Self::rope_rows(k, to.shape.n_kv_heads, positions.clone(), to.rope);
         to.store.write(to.layer, to.batch.write_rows.clone(), k, v);
@@ -68,10 +70,11 @@ pub trait FusedOps: QuantOps + LayerOps {
     /// `silu(gate) * up` from `x @ W^T` with gate and up rows interleaved in `w`.
     fn gate_up_swiglu(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
         let out = Self::quant_matmul(x, w);
-        let [tokens, rows] = out.dims();
-        let out = out.reshape([tokens, rows / 2, 2]);
-        let part = |p| out.clone().narrow(2, p, 1).reshape([tokens, rows / 2]);
-        Self::swiglu(part(0), part(1))
+        let half = out.dims()[1] / 2;
+        let [gate, up]: [Tensor<Self, 2>; 2] = split(out, &[half, half], Rows::Interleaved)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("gate and up"));
+        Self::swiglu(gate, up)
     }
 }
 

@@ -58,31 +58,37 @@ impl<B: QuantOps> Joint<B> {
             Joint::One {
                 layer,
                 widths,
-                rows: Rows::Stacked,
-            } => {
-                let out = layer.forward(x);
-                let mut at = 0;
-                widths
-                    .iter()
-                    .map(|&w| {
-                        at += w;
-                        out.clone().narrow(1, at - w, w)
-                    })
-                    .collect()
-            }
-            Joint::One {
-                layer,
-                widths,
-                rows: Rows::Interleaved,
-            } => {
-                let out = layer.forward(x);
-                let [tokens, _] = out.dims();
-                let (n, width) = (widths.len(), widths[0]);
-                let out = out.reshape([tokens, width, n]);
-                (0..n)
-                    .map(|p| out.clone().narrow(2, p, 1).reshape([tokens, width]))
-                    .collect()
-            }
+                rows,
+            } => split(layer.forward(x), widths, *rows),
+        }
+    }
+}
+
+/// The parts of a joined product `out` `[tokens, sum of widths]` whose rows were joined
+/// as `rows`: `[tokens, width]` each, in order (interleaved parts share one width).
+pub(crate) fn split<B: Backend>(
+    out: Tensor<B, 2>,
+    widths: &[usize],
+    rows: Rows,
+) -> Vec<Tensor<B, 2>> {
+    let [tokens, _] = out.dims();
+    match rows {
+        Rows::Stacked => {
+            let mut at = 0;
+            widths
+                .iter()
+                .map(|&w| {
+                    at += w;
+                    out.clone().narrow(1, at - w, w)
+                })
+                .collect()
+        }
+        Rows::Interleaved => {
+            let (n, width) = (widths.len(), widths[0]);
+            let out = out.reshape([tokens, width, n]);
+            (0..n)
+                .map(|p| out.clone().narrow(2, p, 1).reshape([tokens, width]))
+                .collect()
         }
     }
 }
