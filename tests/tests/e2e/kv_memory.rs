@@ -4,9 +4,10 @@
 //! real model covers the fused layer kernels, whose activations and scratch buffers come
 //! back to the allocator's pool step after step.
 
+use burn::tensor::Tensor;
 use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::kv::{KvCapacity, TierPolicy};
+use fornax_engine::kv::{KvCapacity, PagedKv, TierPolicy};
 use fornax_engine::model::{LlamaConfig, LlamaModel, LoadOptions, Logits, SeqTokens};
 use fornax_engine::sampling::{argmax, argmax_rows};
 use fornax_engine::{logits_to_vec, DeviceMemory, EngineBackend};
@@ -27,29 +28,9 @@ impl BackendTask for DecodeSteps {
             int8_after: Some(96),
         };
         let mut kv = model.new_paged_cache(KvCapacity { slots: [8, 8, 8] }, policy);
-        let seqs = [kv.add_sequence(), kv.add_sequence()];
         let prompts: [Vec<u32>; 2] = [(0..20).collect(), (100..107).collect()];
-        let batch: Vec<SeqTokens> = (0..2)
-            .map(|i| SeqTokens {
-                seq: seqs[i],
-                tokens: &prompts[i],
-            })
-            .collect();
-        let logits = logits_to_vec(model.forward_batch(&batch, &mut kv, Logits::Last).unwrap());
-        let mut next: Vec<u32> = logits.chunks(256).map(argmax).collect();
-        let mut usage = Vec::new();
-        for _ in 0..110 {
-            let step: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-            let batch: Vec<SeqTokens> = (0..2)
-                .map(|i| SeqTokens {
-                    seq: seqs[i],
-                    tokens: &step[i],
-                })
-                .collect();
-            let logits = logits_to_vec(model.forward_batch(&batch, &mut kv, Logits::Last).unwrap());
-            next = logits.chunks(256).map(argmax).collect();
-            usage.push(B::device_memory(&device).expect("a cube backend reports memory"));
-        }
+        let host_argmax = |l| logits_to_vec(l).chunks(256).map(argmax).collect();
+        let usage = decode_steps(&model, &mut kv, [&prompts[0], &prompts[1]], host_argmax);
         let stats = kv.stats();
         eprintln!("{}: {stats:?}", info.adapter);
         for (i, u) in usage.iter().enumerate().step_by(10) {
@@ -59,6 +40,37 @@ impl BackendTask for DecodeSteps {
         assert!(stats.conversions >= 6, "{stats:?}");
         assert_flat(&usage);
     }
+}
+
+/// Two sequences prefilled with `prompts`, then 110 decode steps, each token chosen by
+/// `pick` from the step's logits: the allocator's figures after each step.
+fn decode_steps<B: EngineBackend>(
+    model: &LlamaModel<B>,
+    kv: &mut PagedKv<B>,
+    prompts: [&[u32]; 2],
+    pick: impl Fn(Tensor<B, 2>) -> Vec<u32>,
+) -> Vec<DeviceMemory> {
+    let seqs = [kv.add_sequence(), kv.add_sequence()];
+    let batch: Vec<SeqTokens> = (0..2)
+        .map(|i| SeqTokens {
+            seq: seqs[i],
+            tokens: prompts[i],
+        })
+        .collect();
+    let mut next = pick(model.forward_batch(&batch, kv, Logits::Last).unwrap());
+    let mut usage = Vec::new();
+    for _ in 0..110 {
+        let step: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let batch: Vec<SeqTokens> = (0..2)
+            .map(|i| SeqTokens {
+                seq: seqs[i],
+                tokens: &step[i],
+            })
+            .collect();
+        next = pick(model.forward_batch(&batch, kv, Logits::Last).unwrap());
+        usage.push(B::device_memory(&model.device()).expect("a cube backend reports memory"));
+    }
+    usage
 }
 
 /// After 10 warm-up steps, 100 steps with identical allocator figures.
@@ -88,27 +100,8 @@ impl BackendTask for FusedDecodeSteps {
             "joined weights: the fused path"
         );
         let mut kv = model.new_paged_cache(KvCapacity::f32_only(12), TierPolicy::ALL_F32);
-        let seqs = [kv.add_sequence(), kv.add_sequence()];
         let prompts: [&[u32]; 2] = [&[504, 3575, 282, 4649, 314], &[1, 28, 216, 34, 28]];
-        let batch: Vec<SeqTokens> = (0..2)
-            .map(|i| SeqTokens {
-                seq: seqs[i],
-                tokens: prompts[i],
-            })
-            .collect();
-        let mut next = argmax_rows(model.forward_batch(&batch, &mut kv, Logits::Last).unwrap());
-        let mut usage = Vec::new();
-        for _ in 0..110 {
-            let step: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-            let batch: Vec<SeqTokens> = (0..2)
-                .map(|i| SeqTokens {
-                    seq: seqs[i],
-                    tokens: &step[i],
-                })
-                .collect();
-            next = argmax_rows(model.forward_batch(&batch, &mut kv, Logits::Last).unwrap());
-            usage.push(B::device_memory(&device).expect("a cube backend reports memory"));
-        }
+        let usage = decode_steps(&model, &mut kv, prompts, argmax_rows);
         eprintln!(
             "{}: step 10 {:?}, step 109 {:?}",
             info.adapter, usage[10], usage[109]
