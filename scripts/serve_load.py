@@ -7,6 +7,10 @@ samples the server's RSS, then checks that every KV block came back, stops the s
 with SIGTERM and reports.
 
     PYTHONPATH=~/.cache/fornax/python scripts/serve_load.py --duration 180 --clients 8
+
+`--keys N` serves with N API keys (a keys file in a temporary folder, classes 0..3 in
+turn): each client sends one of them, and the run ends by checking that no key appears
+in the server's log or metrics.
 """
 
 import argparse
@@ -14,8 +18,10 @@ import os
 import random
 import re
 import statistics
+import secrets
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -42,8 +48,15 @@ def rss_kib(pid):
     return 0
 
 
-def scrape(base):
-    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+def metrics_text(base, key):
+    request = urllib.request.Request(base + "/metrics")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    return urllib.request.urlopen(request, timeout=10).read().decode()
+
+
+def scrape(base, key=None):
+    text = metrics_text(base, key)
     values = {}
     for line in text.splitlines():
         m = re.match(r"^([a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN)$", line)
@@ -72,9 +85,9 @@ class Tally:
                     setattr(self, k, getattr(self, k) + v)
 
 
-def client(base, model, deadline, seed, tally):
+def client(base, model, deadline, seed, tally, key):
     rng = random.Random(seed)
-    api = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+    api = openai.OpenAI(base_url=base + "/v1", api_key=key or "unused", max_retries=0, timeout=600)
     while time.time() < deadline:
         prompt = rng.choice(PROMPTS)
         max_tokens = rng.randint(8, 48)
@@ -129,12 +142,24 @@ def main():
     ap.add_argument("--duration", type=float, default=180, help="seconds of load")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--warmup", type=float, default=0.25, help="fraction of the run before RSS is compared")
+    ap.add_argument("--keys", type=int, default=0, help="serve with this many API keys")
     ap.add_argument("extra", nargs="*", help="more `fornax serve` flags (after --)")
     a = ap.parse_args()
 
+    keys, key_args = [], []
+    folder = tempfile.TemporaryDirectory()
+    if a.keys:
+        keys = [f"sk-load-{secrets.token_hex(12)}" for _ in range(a.keys)]
+        path = os.path.join(folder.name, "keys")
+        with open(path, "w") as f:
+            for i, key in enumerate(keys):
+                f.write(f"{key} load-{i} {i % 4}\n")
+        key_args = ["--api-keys", path]
+    log = tempfile.TemporaryFile(mode="w+")
     server = subprocess.Popen(
-        [a.binary, "serve", "--backend", a.backend, "--port", "0", *a.extra],
+        [a.binary, "serve", "--backend", a.backend, "--port", "0", *key_args, *a.extra],
         stdout=subprocess.PIPE,
+        stderr=log,
         text=True,
         env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
     )
@@ -144,13 +169,17 @@ def main():
         sys.exit(f"unexpected first line: {line!r}")
     model, base = m.group(1), m.group(2)
     print(f"server pid {server.pid}: {model} at {base}, {a.clients} clients for {a.duration:.0f} s", flush=True)
-    idle = scrape(base)
+    key0 = keys[0] if keys else None
+    idle = scrape(base, key0)
 
     tally = Tally()
     start = time.time()
     deadline = start + a.duration
     threads = [
-        threading.Thread(target=client, args=(base, model, deadline, seed, tally)) for seed in range(a.clients)
+        threading.Thread(
+            target=client, args=(base, model, deadline, seed, tally, keys[seed % len(keys)] if keys else None)
+        )
+        for seed in range(a.clients)
     ]
     for t in threads:
         t.start()
@@ -162,17 +191,21 @@ def main():
 
     settled = None
     for _ in range(300):
-        now = scrape(base)
+        now = scrape(base, key0)
         if now.get("fornax_kv_blocks_used") == idle.get("fornax_kv_blocks_used", 0) and now.get(
             "fornax_requests_running"
         ) == 0:
             settled = now
             break
         time.sleep(0.1)
-    final = settled or scrape(base)
+    final = settled or scrape(base, key0)
+    page = metrics_text(base, key0)
 
     server.send_signal(15)
     code = server.wait(timeout=120)
+    log.seek(0)
+    server_log = log.read()
+    keys_shown = [k for k in keys if k in server_log or k in page]
 
     warm = [kib for t, kib in rss if t >= a.warmup * a.duration]
     print()
@@ -201,10 +234,15 @@ def main():
         )
         print(f"| server RSS at the end | {warm[-1] / 1024:.1f} MiB |")
     print(f"| exit status after SIGTERM | {code} |")
+    if keys:
+        by_key = re.findall(r'^fornax_key_requests_total\{(?:class="(\d)",key="([^"]+)"|key="([^"]+)",class="(\d)")\} (\S+)$', page, re.M)
+        print(f"| API keys | {len(keys)}, requests by key and class: " + ", ".join(
+            f"{m[1] or m[2]}/{m[0] or m[3]} {float(m[4]):.0f}" for m in by_key) + " |")
+        print(f"| keys in the server's log or metrics | {len(keys_shown)} |")
     for e in tally.errors[:10]:
         print("error:", e)
     leaked = settled is None
-    sys.exit(1 if tally.failed or leaked or code != 0 else 0)
+    sys.exit(1 if tally.failed or leaked or keys_shown or code != 0 else 0)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The official `openai` Python client against `fornax serve`: a chat completion and a
 streamed completion, both greedy. Prints one JSON object for the Rust test to check.
 
-Usage: openai_client.py BASE_URL MODEL CHAT_PROMPT COMPLETION_PROMPT MAX_TOKENS
+Usage: openai_client.py BASE_URL MODEL CHAT_PROMPT COMPLETION_PROMPT MAX_TOKENS [API_KEY]
 """
 
 import json
@@ -11,7 +11,8 @@ import openai
 
 base_url, model, chat_prompt, completion_prompt, max_tokens = sys.argv[1:6]
 max_tokens = int(max_tokens)
-client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+api_key = sys.argv[6] if len(sys.argv) > 6 else "unused"
+client = openai.OpenAI(base_url=base_url + "/v1", api_key=api_key, max_retries=0)
 
 chat = client.chat.completions.create(
     model=model,

@@ -1,6 +1,7 @@
 //! `fornax serve`: the OpenAI-compatible HTTP server over continuous batching.
 
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::channel;
 use std::sync::Arc;
@@ -9,7 +10,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use fornax::engine_loop::run_engine;
+use fornax::server::access::Access;
+use fornax::server::keys::ApiKey;
 use fornax::server::limits::Queue;
+use fornax::server::usage::Usage;
 use fornax::server::{serve, telemetry, unix_now, AppState, Limits, ModelInfo, ServerConfig};
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
@@ -49,6 +53,22 @@ pub struct ServeArgs {
     /// Seconds running requests may take to finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_s: u64,
+    /// An API key clients must send (`Authorization: Bearer KEY`); repeatable. Such keys
+    /// may use every QoS class, without limits. `FORNAX_API_KEY` adds one more. Keys on
+    /// the command line show in the process list: prefer `--api-keys` or the variable.
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_keys_given: Vec<String>,
+    /// Keys file: one key per line, `KEY NAME CLASS [rpm=N] [tpm=N]` (CLASS: the highest
+    /// QoS class the key may use, 0..3; rpm/tpm: requests and prompt plus generated tokens
+    /// per window). Re-read on SIGHUP. With no key at all the server is open to anyone.
+    #[arg(long = "api-keys", value_name = "FILE")]
+    pub api_keys_file: Option<PathBuf>,
+    /// `/metrics` answers without a key.
+    #[arg(long)]
+    pub metrics_open: bool,
+    /// The window the keys' rpm and tpm limits count over, in seconds.
+    #[arg(long, default_value_t = 60)]
+    pub rate_window_s: u64,
     #[command(flatten)]
     pub sched: SchedArgs,
     #[command(flatten)]
@@ -63,6 +83,7 @@ struct Serve<'a> {
     tokenizer: Arc<Tokenizer>,
     listener: TcpListener,
     name: String,
+    access: Access,
 }
 
 impl BackendTask for Serve<'_> {
@@ -99,6 +120,7 @@ impl BackendTask for Serve<'_> {
             metrics: telemetry::install_metrics()?,
             next_id: AtomicU64::new(0),
             engine_alive: engine_alive.clone(),
+            access: self.access,
         });
         let server_config = ServerConfig {
             max_body_bytes: a.max_body_bytes,
@@ -148,6 +170,18 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
             .unwrap_or_else(|| "model".into()),
     };
+    let access = access(&args)?;
+    let keys = access.keys();
+    let addr = listener.local_addr()?;
+    if keys.is_empty() && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "no API keys: anyone who can reach this address may use the server (--api-keys, --api-key or FORNAX_API_KEY)");
+    } else if !keys.is_empty() {
+        tracing::info!(
+            keys = keys.len(),
+            metrics_open = args.metrics_open,
+            "API keys required"
+        );
+    }
     let file = fornax::model_file::ModelFile::open(&path)?;
     let gguf = parse(&file)?;
     let tokenizer = Arc::new(tokenizer(&gguf)?);
@@ -157,5 +191,26 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tokenizer,
         listener,
         name,
+        access,
     })?
+}
+
+/// The keys of `--api-keys`, `--api-key` and `FORNAX_API_KEY`.
+fn access(args: &ServeArgs) -> Result<Access> {
+    let mut extra = Vec::new();
+    for (i, key) in args.api_keys_given.iter().enumerate() {
+        extra.push(ApiKey::open(format!("key-{}", i + 1), key).context("--api-key")?);
+    }
+    if let Ok(key) = std::env::var("FORNAX_API_KEY") {
+        extra.push(ApiKey::open("env", &key).context("FORNAX_API_KEY")?);
+    }
+    if args.rate_window_s == 0 {
+        anyhow::bail!("--rate-window-s must be at least 1");
+    }
+    Access::new(
+        args.api_keys_file.clone(),
+        extra,
+        Usage::new(Duration::from_secs(args.rate_window_s)),
+        args.metrics_open,
+    )
 }

@@ -12,11 +12,13 @@ use metrics::{counter, histogram};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use super::access::Caller;
 use super::api::GenerationParams;
 use super::error::ApiError;
 use super::limits::QueueSlot;
 use super::telemetry::{
-    E2E, GENERATED_TOKENS, INTER_TOKEN, PROMPT_TOKENS, REQUESTS_FINISHED, TTFT,
+    E2E, GENERATED_TOKENS, INTER_TOKEN, KEY_REQUESTS, KEY_TOKENS, PROMPT_TOKENS, REQUESTS_FINISHED,
+    TTFT,
 };
 use super::text::StopText;
 use super::AppState;
@@ -32,7 +34,10 @@ const LOWEST_PRIORITY: i64 = 3;
 pub struct Job {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
+    /// The QoS class it runs at: the one asked for, capped at the key's.
     pub qos: u8,
+    /// The key it came with (none when the server has no keys).
+    pub caller: Option<Caller>,
     pub sampling: SamplingParams,
     pub stops: Vec<String>,
     pub stream: bool,
@@ -40,11 +45,13 @@ pub struct Job {
 }
 
 impl Job {
-    /// Checks the parameters against the model and the server's limits.
+    /// Checks the parameters against the model and the server's limits; `caller`'s key
+    /// caps the QoS class.
     pub fn new(
         state: &AppState,
         params: GenerationParams,
         prompt: Vec<u32>,
+        caller: Option<Caller>,
     ) -> Result<Self, ApiError> {
         if params.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
@@ -109,7 +116,7 @@ impl Job {
                 ))
             }
         };
-        let qos = match params.priority {
+        let asked = match params.priority {
             None => DEFAULT_PRIORITY,
             Some(p @ 0..=LOWEST_PRIORITY) => p as u8,
             Some(_) => {
@@ -119,10 +126,18 @@ impl Job {
                 ))
             }
         };
+        let qos = match &caller {
+            Some(Caller(key)) if asked < key.class => {
+                tracing::info!(key = %key.name, asked, class = key.class, "priority capped at the key's class");
+                key.class
+            }
+            _ => asked,
+        };
         Ok(Self {
             prompt,
             max_tokens,
             qos,
+            caller,
             sampling: SamplingParams {
                 temperature,
                 top_k,
@@ -160,6 +175,7 @@ pub struct Generation {
     prompt_tokens: usize,
     completion_tokens: usize,
     done: bool,
+    caller: Option<Caller>,
 }
 
 impl Generation {
@@ -173,6 +189,7 @@ impl Generation {
         })?;
         let (updates_tx, mut updates) = unbounded_channel();
         let prompt_tokens = job.prompt.len();
+        let caller = job.caller;
         let request = Request {
             prompt: job.prompt,
             max_tokens: job.max_tokens,
@@ -193,7 +210,11 @@ impl Generation {
             _ => return Err(ApiError::internal("the engine stopped")),
         };
         counter!(PROMPT_TOKENS).increment(prompt_tokens as u64);
-        Ok(Self {
+        if let Some(Caller(key)) = &caller {
+            counter!(KEY_REQUESTS, "key" => key.name.clone(), "class" => job.qos.to_string())
+                .increment(1);
+        }
+        let generation = Self {
             state,
             id,
             updates,
@@ -204,7 +225,21 @@ impl Generation {
             prompt_tokens,
             completion_tokens: 0,
             done: false,
-        })
+            caller,
+        };
+        generation.count_tokens(prompt_tokens);
+        Ok(generation)
+    }
+
+    /// Counts `tokens` against the caller's key (metric and token limit).
+    fn count_tokens(&self, tokens: usize) {
+        if let Some(Caller(key)) = &self.caller {
+            counter!(KEY_TOKENS, "key" => key.name.clone()).increment(tokens as u64);
+            self.state
+                .access
+                .usage
+                .add_tokens(key, tokens as u64, Instant::now());
+        }
     }
 
     /// Waits for the next piece of text or the end.
@@ -268,6 +303,7 @@ impl Generation {
 
     fn end(&mut self, reason: &'static str, text: String) -> Piece {
         self.done = true;
+        self.count_tokens(self.completion_tokens);
         self.slot = None;
         histogram!(E2E).record(self.arrived.elapsed().as_secs_f64());
         counter!(REQUESTS_FINISHED, "reason" => reason).increment(1);
@@ -284,6 +320,7 @@ impl Generation {
 
     fn fail(&mut self, message: String) -> Piece {
         self.done = true;
+        self.count_tokens(self.completion_tokens);
         counter!(REQUESTS_FINISHED, "reason" => "error").increment(1);
         tracing::error!(request = self.id.0, %message, "generation failed");
         Piece::Failed(message)
@@ -293,6 +330,7 @@ impl Generation {
 impl Drop for Generation {
     fn drop(&mut self) {
         if !self.done {
+            self.count_tokens(self.completion_tokens);
             let _ = self.state.commands.send(Command::Cancel(self.id));
             counter!(REQUESTS_FINISHED, "reason" => "cancelled").increment(1);
             tracing::info!(

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -17,6 +17,7 @@ use fornax_engine::tokenizer::ChatMessage;
 use futures_util::stream::{self, Stream};
 use serde_json::{json, Value};
 
+use super::access::Caller;
 use super::api::{Body, ChatRequest, CompletionRequest, GenerationParams, Prompt};
 use super::error::ApiError;
 use super::generation::{Generation, Job, Piece};
@@ -140,6 +141,7 @@ fn body_error(rejection: BytesRejection) -> ApiError {
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): State<Arc<AppState>>,
+    caller: Option<Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
@@ -160,13 +162,14 @@ pub async fn completions(
         Prompt::Ids(ids) => Ok(ids),
     }
     .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
-    let job = Job::new(&state, params, prompt)?;
+    let job = Job::new(&state, params, prompt, caller.map(|Extension(c)| c))?;
     respond(state, job, Endpoint::Completions, arrived).await
 }
 
 /// `POST /v1/chat/completions`: the messages rendered with the model's chat template.
 pub async fn chat(
     State(state): State<Arc<AppState>>,
+    caller: Option<Extension<Caller>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
@@ -189,9 +192,13 @@ pub async fn chat(
         .tokenizer
         .encode_chat(&messages)
         .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
-    let job = Job::new(&state, params, prompt)?;
+    let job = Job::new(&state, params, prompt, caller.map(|Extension(c)| c))?;
     respond(state, job, Endpoint::Chat, arrived).await
 }
+
+/// The response header naming the QoS class a request ran at (its `priority`, capped at
+/// its key's class).
+pub const PRIORITY_HEADER: &str = "x-fornax-priority";
 
 async fn respond(
     state: Arc<AppState>,
@@ -200,10 +207,11 @@ async fn respond(
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     let (stream, include_usage) = (job.stream, job.include_usage);
+    let class = [(PRIORITY_HEADER, job.qos.to_string())];
     let envelope = Envelope::new(&state, endpoint);
     let mut generation = Generation::start(state, job, arrived).await?;
     if stream {
-        return Ok(Sse::new(events(generation, envelope, include_usage)).into_response());
+        return Ok((class, Sse::new(events(generation, envelope, include_usage))).into_response());
     }
     let mut text = String::new();
     loop {
@@ -212,7 +220,7 @@ async fn respond(
             Piece::Done { text: rest, reason } => {
                 text.push_str(&rest);
                 let body = envelope.response(&text, reason, generation.usage());
-                return Ok(Json(body).into_response());
+                return Ok((class, Json(body)).into_response());
             }
             Piece::Failed(message) => return Err(ApiError::internal(message)),
         }

@@ -2,14 +2,17 @@
 //! runs on a thread of its own, through [`Command`]s; each request gets its tokens back
 //! on a channel of its own.
 
+pub mod access;
 pub mod api;
 pub mod error;
 pub mod generation;
 mod handlers;
 pub use handlers::unix_now;
+pub mod keys;
 pub mod limits;
 pub mod telemetry;
 pub mod text;
+pub mod usage;
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc::Sender;
@@ -28,6 +31,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::Notify;
 
 use crate::engine_loop::Command;
+use access::Access;
 use error::ApiError;
 use limits::{LimitedListener, Queue};
 use telemetry::HTTP_REQUESTS;
@@ -72,6 +76,8 @@ pub struct AppState {
     pub next_id: AtomicU64,
     /// Cleared when the engine loop ends.
     pub engine_alive: Arc<AtomicBool>,
+    /// API keys and their use.
+    pub access: Access,
 }
 
 impl AppState {
@@ -96,6 +102,10 @@ pub fn router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::wrong_method)
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            access::authorize,
+        ))
         .layer(middleware::from_fn(account))
         .with_state(state)
 }
@@ -136,6 +146,7 @@ pub async fn serve(
     listener.set_nonblocking(true).context("listener")?;
     let listener = tokio::net::TcpListener::from_std(listener).context("listener")?;
     let listener = LimitedListener::new(listener, config.max_connections);
+    let reload = tokio::spawn(access::reload_on_sighup(state.clone()));
     let app = router(state, config.max_body_bytes);
     let stopping = Arc::new(Notify::new());
     let signal = {
@@ -156,6 +167,7 @@ pub async fn serve(
             tracing::warn!("grace period over: closing the remaining connections");
         }
     }
+    reload.abort();
     Ok(())
 }
 

@@ -58,6 +58,14 @@ pub const WINDOW_TRIMS: &str = "fornax_kv_window_trims_total";
 pub const WINDOW_DROPPED: &str = "fornax_kv_window_dropped_tokens_total";
 /// Indexed prefix blocks that aged into FP16 and left the index.
 pub const PREFIX_AGED_OUT: &str = "fornax_prefix_aged_out_total";
+/// Requests refused for want of a valid API key, by reason (missing, malformed, unknown).
+pub const AUTH_FAILURES: &str = "fornax_auth_failures_total";
+/// Generation requests accepted, by key name and the QoS class they ran at.
+pub const KEY_REQUESTS: &str = "fornax_key_requests_total";
+/// Prompt plus generated tokens, by key name.
+pub const KEY_TOKENS: &str = "fornax_key_tokens_total";
+/// Requests refused by a key's limits, by key name and reason (requests, tokens).
+pub const KEY_REFUSALS: &str = "fornax_key_refusals_total";
 /// Engine steps since start.
 pub const STEPS: &str = "fornax_engine_steps_total";
 
@@ -131,6 +139,16 @@ pub fn install_metrics() -> Result<PrometheusHandle> {
         "Sequences trimmed to the elastic KV window instead of preempting"
     );
     describe_counter!(WINDOW_DROPPED, "Tokens whose KV the elastic window dropped");
+    describe_counter!(
+        AUTH_FAILURES,
+        "Requests refused for want of a valid API key, by reason"
+    );
+    describe_counter!(
+        KEY_REQUESTS,
+        "Generation requests accepted, by key name and QoS class"
+    );
+    describe_counter!(KEY_TOKENS, "Prompt plus generated tokens, by key name");
+    describe_counter!(KEY_REFUSALS, "Requests refused by a key's limits");
     Ok(handle)
 }
 

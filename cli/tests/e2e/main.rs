@@ -1,4 +1,5 @@
 //! The `fornax` binary and its server end to end, in one test binary (each file a module).
 
+mod api_keys;
 mod cli;
 mod server;

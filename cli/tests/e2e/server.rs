@@ -8,30 +8,47 @@ use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
 use serde_json::{json, Value};
 
-const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1";
-const COMPLETION_PROMPT: &str = "The capital of France is";
+pub(crate) const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1";
+pub(crate) const COMPLETION_PROMPT: &str = "The capital of France is";
 const CHAT_PROMPT: &str = "What is the capital of France?";
-const MAX_TOKENS: usize = 12;
+pub(crate) const MAX_TOKENS: usize = 12;
 
 fn model_path() -> PathBuf {
     fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}")).expect("default model")
 }
 
 /// A `fornax serve` process, killed on drop.
-struct Server {
-    child: Child,
-    addr: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
     agent: ureq::Agent,
+    /// Everything the server wrote to stderr so far.
+    pub(crate) log: Arc<Mutex<String>>,
+}
+
+/// A response: status, headers of interest and the body parsed as JSON.
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) body: Value,
+    /// The raw body.
+    pub(crate) text: String,
+    pub(crate) header: std::collections::HashMap<String, String>,
 }
 
 impl Server {
-    fn start(extra: &[&str]) -> Self {
+    pub(crate) fn start(extra: &[&str]) -> Self {
+        Self::launch(extra, &[])
+    }
+
+    /// With extra arguments and environment variables (logs at `info`).
+    pub(crate) fn launch(extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_fornax"))
             .args([
                 "serve",
@@ -45,10 +62,23 @@ impl Server {
             .arg("--model")
             .arg(model_path())
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", if env.is_empty() { "warn" } else { "info" })
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start fornax serve");
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -66,10 +96,58 @@ impl Server {
             .timeout_global(Some(Duration::from_secs(300)))
             .build()
             .into();
-        Self { child, addr, agent }
+        Self {
+            child,
+            addr,
+            agent,
+            log,
+        }
     }
 
-    fn url(&self, path: &str) -> String {
+    /// A request with `Authorization: Bearer key` (when given) and a JSON body (when
+    /// given: POST, else GET).
+    pub(crate) fn send(&self, path: &str, body: Option<&Value>, key: Option<&str>) -> Reply {
+        let url = self.url(path);
+        let mut r = match body {
+            Some(b) => {
+                let mut req = self
+                    .agent
+                    .post(&url)
+                    .header("content-type", "application/json");
+                if let Some(k) = key {
+                    req = req.header("authorization", &format!("Bearer {k}"));
+                }
+                req.send(b.to_string().as_bytes())
+            }
+            None => {
+                let mut req = self.agent.get(&url);
+                if let Some(k) = key {
+                    req = req.header("authorization", &format!("Bearer {k}"));
+                }
+                req.call()
+            }
+        }
+        .expect("request");
+        let header = ["x-fornax-priority", "retry-after", "www-authenticate"]
+            .iter()
+            .filter_map(|h| {
+                r.headers()
+                    .get(*h)
+                    .map(|v| (h.to_string(), v.to_str().unwrap().to_string()))
+            })
+            .collect();
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().expect("body");
+        let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+        Reply {
+            status,
+            body,
+            text,
+            header,
+        }
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }
 
@@ -93,12 +171,19 @@ impl Server {
 
     /// Starts a streamed request; returns the event reader once the headers arrived.
     fn stream(&self, path: &str, body: &Value) -> Events {
-        let r = self
+        self.stream_as(path, body, None)
+    }
+
+    /// [`Self::stream`] with `Authorization: Bearer key` when given.
+    pub(crate) fn stream_as(&self, path: &str, body: &Value, key: Option<&str>) -> Events {
+        let mut req = self
             .agent
             .post(&self.url(path))
-            .header("content-type", "application/json")
-            .send(body.to_string().as_bytes())
-            .expect("request");
+            .header("content-type", "application/json");
+        if let Some(k) = key {
+            req = req.header("authorization", &format!("Bearer {k}"));
+        }
+        let r = req.send(body.to_string().as_bytes()).expect("request");
         assert_eq!(r.status().as_u16(), 200, "stream status");
         let ct = r.headers()["content-type"].to_str().unwrap().to_string();
         assert!(ct.starts_with("text/event-stream"), "{ct}");
@@ -116,11 +201,19 @@ impl Server {
     fn metrics(&self) -> Metrics {
         let (status, text) = self.get("/metrics");
         assert_eq!(status, 200);
+        Metrics::parse(&text)
+    }
+}
+
+impl Metrics {
+    pub(crate) fn parse(text: &str) -> Self {
         let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
             .expect("Prometheus text format");
         Metrics(scrape)
     }
+}
 
+impl Server {
     fn assert_healthy(&self) {
         assert_eq!(self.get("/health").0, 200, "healthy");
     }
@@ -134,11 +227,11 @@ impl Drop for Server {
 }
 
 /// Server-sent events of one response.
-struct Events(BufReader<Box<dyn Read + Send>>);
+pub(crate) struct Events(BufReader<Box<dyn Read + Send>>);
 
 impl Events {
     /// The next `data:` payload as JSON, or `None` at `[DONE]`.
-    fn next(&mut self) -> Option<Value> {
+    pub(crate) fn next(&mut self) -> Option<Value> {
         let mut line = String::new();
         loop {
             line.clear();
@@ -154,17 +247,17 @@ impl Events {
     }
 
     /// Every chunk up to `[DONE]`.
-    fn rest(mut self) -> Vec<Value> {
+    pub(crate) fn rest(mut self) -> Vec<Value> {
         std::iter::from_fn(|| self.next()).collect()
     }
 }
 
 /// A parsed `/metrics` scrape.
-struct Metrics(prometheus_parse::Scrape);
+pub(crate) struct Metrics(prometheus_parse::Scrape);
 
 impl Metrics {
     /// A counter's or gauge's value (0 when absent), matching `labels`.
-    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+    pub(crate) fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         use prometheus_parse::Value as V;
         self.0
             .samples
@@ -197,7 +290,7 @@ impl Metrics {
     }
 }
 
-fn completion(prompt: &str, max_tokens: usize, stream: bool) -> Value {
+pub(crate) fn completion(prompt: &str, max_tokens: usize, stream: bool) -> Value {
     json!({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
            "stream": stream, "stream_options": {"include_usage": true}})
 }
@@ -263,7 +356,33 @@ fn reference() -> (Expected, Expected) {
     (completion, chat)
 }
 
-fn streamed_text(chunks: &[Value], chat: bool) -> (String, String, u64) {
+/// Runs `tests/openai_client.py` (the official client: a chat completion and a streamed
+/// completion) against `server`, with `key` as its `api_key` when given.
+/// scripts/test.sh installs the package under FORNAX_PYTHONPATH.
+pub(crate) fn openai_client(server: &Server, key: Option<&str>) -> Value {
+    let out = Command::new("python3")
+        .env(
+            "PYTHONPATH",
+            std::env::var("FORNAX_PYTHONPATH").unwrap_or_default(),
+        )
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/openai_client.py"
+        ))
+        .args([server.url(""), MODEL.to_string()])
+        .args([CHAT_PROMPT, COMPLETION_PROMPT, &MAX_TOKENS.to_string()])
+        .args(key)
+        .output()
+        .expect("run python");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "openai client failed (scripts/test.sh installs the `openai` package and sets FORNAX_PYTHONPATH):\n{stderr}"
+    );
+    serde_json::from_slice(&out.stdout).expect("client output")
+}
+
+pub(crate) fn streamed_text(chunks: &[Value], chat: bool) -> (String, String, u64) {
     let mut text = String::new();
     let mut finish = String::new();
     let mut usage = 0;
@@ -363,25 +482,7 @@ fn answers_equal_the_engine_greedy_output_through_http_and_the_openai_client() {
 
     // The official client: a chat completion and a streamed completion.
     // scripts/test.sh installs the package under FORNAX_PYTHONPATH.
-    let out = Command::new("python3")
-        .env(
-            "PYTHONPATH",
-            std::env::var("FORNAX_PYTHONPATH").unwrap_or_default(),
-        )
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/openai_client.py"
-        ))
-        .args([server.url(""), MODEL.to_string()])
-        .args([CHAT_PROMPT, COMPLETION_PROMPT, &MAX_TOKENS.to_string()])
-        .output()
-        .expect("run python");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "openai client failed (scripts/test.sh installs the `openai` package and sets FORNAX_PYTHONPATH):\n{stderr}"
-    );
-    let client: Value = serde_json::from_slice(&out.stdout).expect("client output");
+    let client = openai_client(&server, None);
     eprintln!("openai client: {client}");
     assert_eq!(client["chat"], want_chat.text);
     assert_eq!(client["chat_completion_tokens"], want_chat.tokens);
