@@ -211,8 +211,16 @@ fn keys_guard_the_server_cap_classes_limit_rates_and_reload_on_sighup() {
     .unwrap();
     hang_up(&server);
     wait_for(&server, ADDED, 200);
-    let r = server.send("/v1/models", None, Some(OLD));
-    assert_eq!(r.status, 401, "a removed key: {}", r.text);
+    let prompt_tokens = metrics(&mut seen).value("fornax_prompt_tokens_total", &[]);
+    let r = server.send("/v1/completions", Some(&body), Some(OLD));
+    assert_eq!(r.status, 401, "a revoked key: {}", r.text);
+    assert_eq!(r.body["error"]["code"], "invalid_api_key");
+    seen.push(r.text);
+    assert_eq!(
+        metrics(&mut seen).value("fornax_prompt_tokens_total", &[]),
+        prompt_tokens,
+        "a revoked key reached the engine"
+    );
     let mut chunks: Vec<Value> = vec![first];
     chunks.extend(events.rest());
     let (text, finish, tokens) = streamed_text(&chunks, false);
