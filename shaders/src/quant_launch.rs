@@ -8,7 +8,7 @@ use cubecl::prelude::*;
 use crate::epilogue::{finish_product, out_width, RESIDUAL, ROPE_KV, STORE, SWIGLU};
 use crate::quant_matmul::{
     quant_matmul, quant_matvec, quant_rows, MATVEC_MAX_TOKENS, QBLOCK, TILE_ROWS, TILE_TOKENS,
-    TILE_UNITS,
+    TILE_UNITS, VECTOR,
 };
 
 /// A block-quantized matrix on the device (layout in [`crate::quant_matmul`]).
@@ -261,6 +261,7 @@ pub fn matmul_then<R: CubeRuntime>(
             &client,
             CubeCount::Static(w.rows.div_ceil(matvec.rows_per_cube) as u32, 1, 1),
             CubeDim::new_2d(matvec.lanes as u32, matvec.rows_per_cube as u32),
+            VECTOR,
             x.into_array_arg(),
             quants,
             scales,

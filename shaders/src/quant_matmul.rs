@@ -76,6 +76,27 @@ pub const fn code_value(format: u32, w: usize, p: usize) -> usize {
     }
 }
 
+/// The word (0..8) holding value `c` (0..32) of a block: the inverse of [`code_value`].
+pub const fn value_word(format: u32, c: usize) -> usize {
+    if format == Q8_0 {
+        c / 4
+    } else {
+        (c % 16) / 4
+    }
+}
+
+/// The bit position of value `c` within its word ([`value_word`]).
+pub const fn value_shift(format: u32, c: usize) -> u32 {
+    if format == Q8_0 {
+        (8 * (c % 4)) as u32
+    } else {
+        (8 * (c % 4) + 4 * (c / 16)) as u32
+    }
+}
+
+/// Values a vector load brings: input values and code words are read four at a time.
+pub const VECTOR: usize = 4;
+
 /// The scale `d` of `block`.
 #[cube]
 fn block_d(scales: &Array<u32>, block: usize, #[comptime] format: u32) -> f32 {
@@ -116,12 +137,16 @@ fn code(word: u32, #[comptime] shift: u32, #[comptime] format: u32) -> f32 {
 /// Cube `(lanes, rows_per_cube)`: the `lanes` units of a row split its blocks, each keeps
 /// one FP32 sum per token, and the sums meet in workgroup memory. One lane per row suits
 /// CPU-like devices (lavapipe), where each unit is a SIMD lane walking its own row.
+///
+/// Inputs and code words are read [`VECTOR`] at a time (launched with that vector size;
+/// rows are whole blocks, so every vector is aligned): one 16-byte load on a GPU, and on
+/// lavapipe, where each load is a loop over the SIMD lanes, a quarter of the loops.
 #[cube(launch)]
 // CubeCL expands operators, not `is_multiple_of`.
 #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
-pub fn quant_matvec(
-    x: &Array<f32>,
-    quants: &Array<u32>,
+pub fn quant_matvec<N: Size>(
+    x: &Array<Vector<f32, N>>,
+    quants: &Array<Vector<u32, N>>,
     scales: &Array<u32>,
     out: &mut Array<f32>,
     aux_a: &mut Array<f32>,
@@ -148,12 +173,14 @@ pub fn quant_matvec(
     let n_tokens = n_tokens as usize;
     let blocks = cols / QBLOCK;
     let words = comptime!(quant_words(format));
-    let per_word = comptime!(codes_per_word(format));
+    let word_vectors = comptime!(quant_words(format) / VECTOR);
+    let groups = comptime!(QBLOCK / VECTOR);
     // Tokens past `n_tokens` read the last token again; their sums are never written.
+    // Offsets count vectors of `VECTOR` values.
     let mut x_row = Array::<usize>::new(tokens);
     #[unroll]
     for t in 0..tokens {
-        x_row[t] = select(t < n_tokens, t, n_tokens - 1) * cols;
+        x_row[t] = select(t < n_tokens, t, n_tokens - 1) * (cols / VECTOR);
     }
 
     let mut acc = Array::<f32>::new(tokens);
@@ -167,6 +194,15 @@ pub fn quant_matvec(
             let block = row * blocks + b;
             let d = block_d(scales, block, format);
             let m = block_m(scales, block, d, format);
+            let mut code_words = Array::<u32>::new(words);
+            #[unroll]
+            for v in 0..word_vectors {
+                let wv = quants[block * word_vectors + v];
+                #[unroll]
+                for k in 0..VECTOR {
+                    code_words[v * VECTOR + k] = wv[k];
+                }
+            }
             let mut dot = Array::<f32>::new(tokens);
             let mut sum = Array::<f32>::new(tokens);
             #[unroll]
@@ -175,18 +211,21 @@ pub fn quant_matvec(
                 sum[t] = 0.0;
             }
             #[unroll]
-            for w in 0..words {
-                let word = quants[block * words + w];
+            for g in 0..groups {
                 #[unroll]
-                for p in 0..per_word {
-                    let q = code(word, comptime!(code_shift(format, p)), format);
-                    let c = b * QBLOCK + comptime!(code_value(format, w, p));
+                for t in 0..tokens {
+                    let xv = x[x_row[t] + b * groups + g];
                     #[unroll]
-                    for t in 0..tokens {
-                        let xv = x[x_row[t] + c];
-                        dot[t] += q * xv;
+                    for k in 0..VECTOR {
+                        let c = comptime!(g * VECTOR + k);
+                        let q = code(
+                            code_words[comptime!(value_word(format, c))],
+                            comptime!(value_shift(format, c)),
+                            format,
+                        );
+                        dot[t] += q * xv[k];
                         if comptime!(format != Q8_0) {
-                            sum[t] += xv;
+                            sum[t] += xv[k];
                         }
                     }
                 }
