@@ -4,11 +4,31 @@
 use cubecl::prelude::*;
 
 /// Units per cube of [`rms_norm`]: they share a row.
-pub const NORM_UNITS: usize = 1 << NORM_LEVELS;
-/// Halvings of [`rms_norm`]'s tree sum.
-const NORM_LEVELS: usize = 6;
+pub const NORM_UNITS: usize = 64;
 /// Units per cube of [`swiglu`].
 pub const ELEMENT_UNITS: usize = 256;
+
+/// The sum of `value` over the cube's `units` units (a power of two), through `partial`
+/// (`units` long): a tree of halvings in workgroup memory. Every unit gets the sum.
+#[cube]
+pub fn cube_sum(
+    partial: &mut SharedMemory<f32>,
+    unit: usize,
+    value: f32,
+    #[comptime] units: usize,
+) -> f32 {
+    partial[unit] = value;
+    sync_cube();
+    #[unroll]
+    for level in 0..comptime!(units.trailing_zeros() as usize) {
+        let stride = comptime!(units >> (level + 1));
+        if unit < stride {
+            partial[unit] += partial[unit + stride];
+        }
+        sync_cube();
+    }
+    partial[0]
+}
 
 /// RMSNorm of row `CUBE_POS_X` of `x` (`[rows, d]`):
 /// `out = x / sqrt(mean(x^2) + eps) * weight`. The units stride the row and meet in
@@ -27,17 +47,8 @@ pub fn rms_norm(x: &Array<f32>, weight: &Array<f32>, out: &mut Array<f32>, d: u3
         sum += v * v;
         i += NORM_UNITS;
     }
-    partial[unit] = sum;
-    sync_cube();
-    #[unroll]
-    for level in 0..NORM_LEVELS {
-        let stride = comptime!(NORM_UNITS >> (level + 1));
-        if unit < stride {
-            partial[unit] += partial[unit + stride];
-        }
-        sync_cube();
-    }
-    let inv = 1.0 / f32::sqrt(partial[0] / f32::cast_from(d) + eps);
+    let total = cube_sum(&mut partial, unit, sum, NORM_UNITS);
+    let inv = 1.0 / f32::sqrt(total / f32::cast_from(d) + eps);
     let mut i = unit;
     while i < n {
         out[base + i] = x[base + i] * inv * weight[i];

@@ -14,6 +14,7 @@
 //! Barriers sit only in control flow that is uniform by construction (constant loop
 //! bounds), as WebGPU requires.
 
+use crate::layer_ops::cube_sum;
 use cubecl::prelude::*;
 
 /// Units per row.
@@ -125,23 +126,14 @@ pub fn sample_rows(logits: &Array<f32>, params: &Array<f32>, out: &mut Array<u32
             i += SAMPLE_UNITS;
         }
     }
-    red_v[unit] = part;
-    sync_cube();
-    #[unroll]
-    for level in 0..SAMPLE_LEVELS {
-        let stride = comptime!(SAMPLE_UNITS >> (level + 1));
-        if unit < stride {
-            red_v[unit] += red_v[unit + stride];
-        }
-        sync_cube();
-    }
+    let row_sum = cube_sum(&mut red_v, unit, part, SAMPLE_UNITS);
 
     if unit == 0usize {
         let count = found[0] as usize;
         let mut token = u32::new(FALLBACK as i64);
         if count > 0usize {
             // With top-k the host normalises over the kept candidates, in order.
-            let mut norm = red_v[0];
+            let mut norm = row_sum;
             if top_k > 0 {
                 norm = 0.0;
                 let mut j = 0usize;
