@@ -7,7 +7,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics::counter;
@@ -71,14 +71,7 @@ impl Access {
 /// A 401 with OpenAI's `invalid_api_key` body; `reason` labels the metric.
 fn unauthorized(reason: &'static str, message: &str) -> Response {
     counter!(AUTH_FAILURES, "reason" => reason).increment(1);
-    let mut response = ApiError {
-        status: StatusCode::UNAUTHORIZED,
-        kind: "invalid_request_error",
-        message: message.into(),
-        param: None,
-        code: Some("invalid_api_key"),
-    }
-    .into_response();
+    let mut response = ApiError::invalid_api_key(message).into_response();
     response
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -127,18 +120,12 @@ pub async fn authorize(
             counter!(KEY_REFUSALS, "key" => key.name.clone(), "reason" => refusal.label())
                 .increment(1);
             let seconds = refusal.retry_after().as_secs_f64().ceil().max(1.0) as u64;
-            let mut response = ApiError {
-                status: StatusCode::TOO_MANY_REQUESTS,
-                kind: "rate_limit_exceeded",
-                message: format!(
-                    "key `{}` has used its {} for this {} s window; retry in {seconds} s",
-                    key.name,
-                    refusal.label(),
-                    access.usage.window().as_secs()
-                ),
-                param: None,
-                code: Some("rate_limit_exceeded"),
-            }
+            let mut response = ApiError::rate_limited(format!(
+                "key `{}` has used its {} for this {} s window; retry in {seconds} s",
+                key.name,
+                refusal.label(),
+                access.usage.window().as_secs()
+            ))
             .into_response();
             response
                 .headers_mut()

@@ -55,6 +55,26 @@ impl ApiError {
         }
     }
 
+    /// 401: the request has no valid API key.
+    pub fn invalid_api_key(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            code: Some("invalid_api_key"),
+            ..Self::invalid(message)
+        }
+    }
+
+    /// 429: the key has used up its requests or tokens for the window.
+    pub fn rate_limited(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            kind: "rate_limit_exceeded",
+            message: message.into(),
+            param: None,
+            code: Some("rate_limit_exceeded"),
+        }
+    }
+
     /// 503: the queue is full; the client should retry later.
     pub fn overloaded(message: impl Into<String>) -> Self {
         Self {

@@ -89,34 +89,8 @@ fn keys_guard_the_server_cap_classes_limit_rates_and_reload_on_sighup() {
         (Some(near_miss.as_str()), "unknown"),
     ];
     for (header, _) in &refused {
-        let r = match header {
-            None => server.send("/v1/completions", Some(&body), None),
-            Some(h) => {
-                // A raw header value: `send` adds `Bearer ` itself.
-                let agent: ureq::Agent = ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .build()
-                    .into();
-                let mut resp = agent
-                    .post(&server.url("/v1/completions"))
-                    .header("content-type", "application/json")
-                    .header("authorization", *h)
-                    .send(body.to_string().as_bytes())
-                    .unwrap();
-                let status = resp.status().as_u16();
-                let text = resp.body_mut().read_to_string().unwrap();
-                assert_eq!(
-                    resp.headers()["www-authenticate"].to_str().unwrap(),
-                    "Bearer"
-                );
-                crate::server::Reply {
-                    status,
-                    body: serde_json::from_str(&text).unwrap(),
-                    text,
-                    header: Default::default(),
-                }
-            }
-        };
+        let r = server.send_authorized("/v1/completions", Some(&body), *header);
+        assert_eq!(r.header["www-authenticate"], "Bearer", "{header:?}");
         assert_eq!(r.status, 401, "{header:?}: {}", r.text);
         assert_eq!(r.body["error"]["code"], "invalid_api_key", "{}", r.text);
         seen.push(r.text);

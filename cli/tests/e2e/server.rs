@@ -107,6 +107,17 @@ impl Server {
     /// A request with `Authorization: Bearer key` (when given) and a JSON body (when
     /// given: POST, else GET).
     pub(crate) fn send(&self, path: &str, body: Option<&Value>, key: Option<&str>) -> Reply {
+        let bearer = key.map(|k| format!("Bearer {k}"));
+        self.send_authorized(path, body, bearer.as_deref())
+    }
+
+    /// [`Self::send`] with `authorization` as the raw `Authorization` header.
+    pub(crate) fn send_authorized(
+        &self,
+        path: &str,
+        body: Option<&Value>,
+        authorization: Option<&str>,
+    ) -> Reply {
         let url = self.url(path);
         let mut r = match body {
             Some(b) => {
@@ -114,15 +125,15 @@ impl Server {
                     .agent
                     .post(&url)
                     .header("content-type", "application/json");
-                if let Some(k) = key {
-                    req = req.header("authorization", &format!("Bearer {k}"));
+                if let Some(a) = authorization {
+                    req = req.header("authorization", a);
                 }
                 req.send(b.to_string().as_bytes())
             }
             None => {
                 let mut req = self.agent.get(&url);
-                if let Some(k) = key {
-                    req = req.header("authorization", &format!("Bearer {k}"));
+                if let Some(a) = authorization {
+                    req = req.header("authorization", a);
                 }
                 req.call()
             }
