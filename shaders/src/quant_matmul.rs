@@ -135,8 +135,8 @@ fn code(word: u32, #[comptime] shift: u32, #[comptime] format: u32) -> f32 {
 /// `n_tokens` at run time).
 ///
 /// Cube `(lanes, rows_per_cube)`: the `lanes` units of a row split its blocks, each keeps
-/// one FP32 sum per token, and the sums meet in workgroup memory. One lane per row suits
-/// CPU-like devices (lavapipe), where each unit is a SIMD lane walking its own row.
+/// one FP32 sum per token, and the sums meet in workgroup memory (the shapes measured on
+/// each device are in [`crate::quant_launch::MatvecShape`]).
 ///
 /// Inputs and code words are read [`VECTOR`] at a time (launched with that vector size;
 /// rows are whole blocks, so every vector is aligned): one 16-byte load on a GPU, and on
