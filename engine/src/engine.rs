@@ -9,7 +9,11 @@ use crate::kv::{KvStats, PagedKv};
 use crate::model::{LlamaModel, Logits, ModelError, SeqTokens};
 use crate::sampling::{pick_rows, Sampler, SamplingParams};
 use crate::sched::{
-    FinishReason, KvBlocks, PolicyKind, RequestId, Scheduler, SchedulerConfig, SubmitError,
+    FinishReason, KvBlocks, PolicyKind, RequestId, Scheduled, Scheduler, SchedulerConfig,
+    SubmitError,
+};
+use crate::spec::{
+    sampler_chain, verify, Acceptance, DraftRequest, Proposer, SpecConfig, SpecStats, Verdict,
 };
 use crate::EngineBackend;
 
@@ -38,6 +42,13 @@ pub enum Event {
 struct Decoding {
     sampler: Sampler,
     stop_ids: Vec<u32>,
+    acceptance: Acceptance,
+}
+
+/// Speculative decoding as the engine runs it.
+struct Speculation<B: EngineBackend> {
+    config: SpecConfig,
+    proposer: Box<dyn Proposer<B>>,
 }
 
 /// A model, its KV pool and the scheduler.
@@ -51,6 +62,9 @@ pub struct Engine<'m, B: EngineBackend> {
     pub tokens_computed: u64,
     /// Sequences and tokens of the last step's batch.
     pub last_batch: (usize, usize),
+    speculation: Option<Speculation<B>>,
+    /// Speculation's counters.
+    pub spec_stats: SpecStats,
 }
 
 impl<'m, B: EngineBackend> Engine<'m, B> {
@@ -73,7 +87,26 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             steps: 0,
             tokens_computed: 0,
             last_batch: (0, 0),
+            speculation: None,
+            spec_stats: SpecStats::default(),
         }
+    }
+
+    /// Turns on speculative decoding: each step, decoding requests draft up to
+    /// `config.tokens` tokens with the configured proposer, verified in the step's pass.
+    pub fn with_speculation(mut self, config: SpecConfig) -> Self {
+        if config.tokens > 0 {
+            self.speculation = Some(Speculation {
+                proposer: config.proposer(),
+                config,
+            });
+        }
+        self
+    }
+
+    /// The speculation settings, if it is on.
+    pub fn speculation(&self) -> Option<SpecConfig> {
+        self.speculation.as_ref().map(|s| s.config)
     }
 
     /// Turns on the prefix cache: requests reuse the cached KV blocks of the prompt
@@ -103,6 +136,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             Decoding {
                 sampler: Sampler::new(request.sampling),
                 stop_ids: request.stop_ids,
+                acceptance: Acceptance::default(),
             },
         );
         Ok(id)
@@ -131,10 +165,46 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         self.kv.stats()
     }
 
-    /// Runs one step: plans the batch, runs it through the model, samples the requests
-    /// whose context is complete.
+    /// Drafts for the requests that decode next (their context computed but the last
+    /// token) and have at least two tokens to go.
+    fn propose(&mut self) -> HashMap<RequestId, Vec<u32>> {
+        let Some(spec) = self.speculation.as_mut() else {
+            return HashMap::new();
+        };
+        let mut ids = Vec::new();
+        let mut requests = Vec::new();
+        for r in self.sched.entries() {
+            let Some(seq) = r.seq else { continue };
+            let to_go = r.max_tokens - r.generated();
+            if r.pending() != 1 || to_go < 2 {
+                continue;
+            }
+            let decoding = self.decoding.get_mut(&r.id).expect("in flight");
+            if !decoding.acceptance.wants_draft() {
+                continue;
+            }
+            ids.push(r.id);
+            requests.push(DraftRequest {
+                seq,
+                tokens: &r.tokens,
+                max: spec.config.tokens.min(to_go - 1),
+            });
+        }
+        if requests.is_empty() {
+            return HashMap::new();
+        }
+        let drafts = spec.proposer.propose(self.model, &mut self.kv, &requests);
+        ids.into_iter()
+            .zip(drafts)
+            .filter(|(_, d)| !d.is_empty())
+            .collect()
+    }
+
+    /// Runs one step: drafts (with speculation on), plans the batch, runs it through the
+    /// model, samples the requests whose context is complete and verifies their drafts.
     pub fn step(&mut self) -> Result<Vec<Event>, ModelError> {
-        let plan = self.sched.plan(&mut self.kv);
+        let drafts = self.propose();
+        let plan = self.sched.plan_with_drafts(&mut self.kv, &drafts);
         let mut events = Vec::new();
         if plan.batch.is_empty() {
             return Ok(events);
@@ -147,49 +217,60 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 tokens: &s.tokens,
             })
             .collect();
-        let logits = self
-            .model
-            .forward_batch(&parts, &mut self.kv, Logits::Last)?;
+        let speculating = plan.batch.iter().any(|s| s.drafted > 0);
+        let logits = if speculating {
+            for s in plan.batch.iter().filter(|s| s.drafted > 0) {
+                self.kv.hold(s.seq);
+            }
+            let tails: Vec<usize> = plan.batch.iter().map(|s| 1 + s.drafted).collect();
+            let run = self.model.forward_batch_tails(&parts, &mut self.kv, &tails);
+            if run.is_err() {
+                for s in plan.batch.iter().filter(|s| s.drafted > 0) {
+                    let len = self.kv.len(s.seq)?;
+                    self.kv.restore(s.seq, len)?;
+                }
+            }
+            run?
+        } else {
+            self.model
+                .forward_batch(&parts, &mut self.kv, Logits::Last)?
+        };
         self.steps += 1;
         self.tokens_computed += plan.tokens() as u64;
         self.last_batch = (plan.batch.len(), plan.tokens());
 
-        // Only the rows that sample are picked, on the device where the backend can (one
-        // id read back per row).
-        let rows: Vec<i64> = (0..plan.batch.len())
-            .filter(|&i| plan.batch[i].samples)
-            .map(|i| i as i64)
-            .collect();
-        let mut tokens = Vec::new();
-        if !rows.is_empty() {
-            let idx = Tensor::<B, 1, Int>::from_data(
-                TensorData::new(rows.clone(), [rows.len()]),
-                &self.model.device(),
-            );
-            let ids: Vec<_> = rows.iter().map(|&i| plan.batch[i as usize].id).collect();
-            let mut by_id: HashMap<RequestId, &mut Sampler> = self
-                .decoding
-                .iter_mut()
-                .filter(|(id, _)| ids.contains(id))
-                .map(|(id, d)| (*id, &mut d.sampler))
-                .collect();
-            let mut samplers: Vec<&mut Sampler> = ids
-                .iter()
-                .map(|id| by_id.remove(id).expect("in flight"))
-                .collect();
-            tokens = pick_rows(logits.select(0, idx), &mut samplers);
-        }
-        let mut row = 0;
-        for s in &plan.batch {
-            let mut sampled = None;
-            if s.samples {
-                let token = tokens[row];
-                row += 1;
-                sampled = Some(token);
-                events.push(Event::Token { id: s.id, token });
+        let picks = self.pick(&plan.batch, logits);
+        for (s, picks) in plan.batch.iter().zip(picks) {
+            let verdict = picks.map(|p| verify(s.draft(), &p));
+            let mut finished = None;
+            if let Some(Verdict { tokens, accepted }) = &verdict {
+                let d = self.decoding.get_mut(&s.id).expect("in flight");
+                let stop = &d.stop_ids;
+                let (taken, reason) = self.sched.complete_verified(s, *accepted, tokens, stop);
+                finished = reason;
+                // The request's generator moves past the draws its emitted tokens used.
+                for _ in 0..tokens.len() {
+                    d.sampler.draw();
+                }
+                if s.drafted > 0 {
+                    d.acceptance.record(s.drafted, *accepted);
+                    self.spec_stats.proposed += s.drafted as u64;
+                    self.spec_stats.accepted += *accepted as u64;
+                    self.spec_stats.verifications += 1;
+                    self.spec_stats.emitted += taken as u64;
+                    // The rejected drafted tokens' keys and values are taken back.
+                    let len = self.kv.len(s.seq)? - (s.drafted - accepted);
+                    self.kv.truncate(s.seq, len)?;
+                    self.kv.settle(s.seq)?;
+                }
+                events.extend(
+                    tokens[..taken]
+                        .iter()
+                        .map(|&token| Event::Token { id: s.id, token }),
+                );
+            } else {
+                self.sched.complete(s, None, &[]);
             }
-            let stop = &self.decoding[&s.id].stop_ids;
-            let finished = self.sched.complete(s, sampled, stop);
             if let Some(r) = self.sched.get(s.id) {
                 self.kv
                     .index_prefix(s.seq, &r.tokens[..r.computed], finished.is_some());
@@ -201,5 +282,43 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             }
         }
         Ok(events)
+    }
+
+    /// The sampled tokens of each scheduled request that samples, one per logits row it
+    /// has (`1 + drafted`, in batch order), each row drawn with the next draw of the
+    /// request's generator; picked on the device where the backend can (one id read back
+    /// per row).
+    fn pick(&mut self, batch: &[Scheduled], logits: Tensor<B, 2>) -> Vec<Option<Vec<u32>>> {
+        let mut rows = Vec::new();
+        let mut samplers = Vec::new();
+        let mut row = 0i64;
+        for s in batch {
+            let n = 1 + s.drafted;
+            if s.samples {
+                rows.extend(row..row + n as i64);
+                samplers.extend(sampler_chain(&self.decoding[&s.id].sampler, n));
+            }
+            row += n as i64;
+        }
+        let mut tokens = Vec::new();
+        if !rows.is_empty() {
+            let idx = Tensor::<B, 1, Int>::from_data(
+                TensorData::new(rows.clone(), [rows.len()]),
+                &self.model.device(),
+            );
+            let mut refs: Vec<&mut Sampler> = samplers.iter_mut().collect();
+            tokens = pick_rows(logits.select(0, idx), &mut refs);
+        }
+        let mut at = 0;
+        batch
+            .iter()
+            .map(|s| {
+                s.samples.then(|| {
+                    let n = 1 + s.drafted;
+                    at += n;
+                    tokens[at - n..at].to_vec()
+                })
+            })
+            .collect()
     }
 }

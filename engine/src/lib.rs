@@ -21,6 +21,7 @@ pub use generate::{
 };
 pub mod score;
 pub mod seq_cache;
+pub mod spec;
 
 mod engine;
 pub use engine::{Engine, Event, Request};

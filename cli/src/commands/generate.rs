@@ -6,12 +6,15 @@ use anyhow::Result;
 use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
+use fornax_engine::model::LlamaModel;
 use fornax_engine::sampling::SamplingParams;
+use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::{ChatMessage, TextStream, Tokenizer};
-use fornax_engine::{generate_in, GenerateParams};
+use fornax_engine::{generate_in, Engine, EngineBackend, Event, GenerateParams, Request};
 
 use super::kv_args::KvArgs;
+use super::spec_args::SpecArgs;
 use super::{load_model, parse, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
@@ -50,6 +53,8 @@ pub struct GenerateArgs {
     pub json: bool,
     #[command(flatten)]
     pub kv: KvArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -99,6 +104,59 @@ impl GenerateArgs {
     }
 }
 
+impl Generate<'_> {
+    /// Generates through the engine with speculative decoding (one request).
+    fn speculate<B: EngineBackend>(
+        &self,
+        model: &LlamaModel<B>,
+        prompt: Vec<u32>,
+        params: &GenerateParams,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>> {
+        let capacity = self
+            .args
+            .kv
+            .capacity(model.kv_dims(), 1, params.prefill_chunk)?;
+        let kv = model.new_paged_cache(capacity, self.args.kv.policy());
+        let config = SchedulerConfig {
+            max_batch_tokens: params.prefill_chunk,
+            max_batch: 1,
+            ..SchedulerConfig::default()
+        };
+        let mut engine = self
+            .args
+            .spec
+            .apply(Engine::new(model, kv, config, PolicyKind::Fcfs));
+        let id = engine.submit(Request {
+            prompt,
+            max_tokens: params.max_tokens,
+            qos: 0,
+            sampling: params.sampling.clone(),
+            stop_ids: params.stop_ids.clone(),
+        })?;
+        let mut ids = Vec::new();
+        while !engine.is_idle() {
+            for event in engine.step()? {
+                if let Event::Token { token, .. } = event {
+                    ids.push(token);
+                    if !on_token(token) {
+                        engine.cancel(id);
+                        break;
+                    }
+                }
+            }
+        }
+        let s = engine.spec_stats;
+        tracing::info!(
+            proposed = s.proposed,
+            accepted = s.accepted,
+            steps = engine.steps,
+            "speculative decoding"
+        );
+        Ok(ids)
+    }
+}
+
 impl BackendTask for Generate<'_> {
     type Output = Result<()>;
 
@@ -123,7 +181,12 @@ impl BackendTask for Generate<'_> {
             }
             true
         };
-        let ids = if self.args.kv.contiguous_kv {
+        let ids = if self.args.spec.spec.is_some() {
+            if self.args.kv.contiguous_kv {
+                anyhow::bail!("--spec needs the paged KV cache (drop --contiguous-kv)");
+            }
+            self.speculate(&model, prompt.clone(), &params, on_token)?
+        } else if self.args.kv.contiguous_kv {
             generate_in(&model, &mut model.new_cache(), &prompt, &params, on_token)?
         } else {
             let capacity = self

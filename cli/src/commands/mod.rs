@@ -7,6 +7,7 @@ pub mod kv_args;
 pub mod perplexity;
 pub mod sched_args;
 pub mod serve;
+pub mod spec_args;
 pub mod tokenize;
 pub mod window_args;
 

@@ -6,6 +6,7 @@ use fornax_engine::model::LlamaModel;
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::{Engine, EngineBackend};
 
+use super::spec_args::SpecArgs;
 use super::window_args::WindowArgs;
 
 /// Scheduler settings.
@@ -29,6 +30,8 @@ pub struct SchedArgs {
     pub no_prefix_cache: bool,
     #[command(flatten)]
     pub elastic: WindowArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 impl SchedArgs {
@@ -48,7 +51,18 @@ impl SchedArgs {
         model: &'m LlamaModel<B>,
         kv: PagedKv<B>,
     ) -> Engine<'m, B> {
-        let engine = Engine::new(model, kv, self.config(), self.policy);
+        self.engine_with(model, kv, self.config(), self.policy)
+    }
+
+    /// An engine with these settings but the scheduler's `config` and `policy`.
+    pub fn engine_with<'m, B: EngineBackend>(
+        &self,
+        model: &'m LlamaModel<B>,
+        kv: PagedKv<B>,
+        config: SchedulerConfig,
+        policy: PolicyKind,
+    ) -> Engine<'m, B> {
+        let engine = self.spec.apply(Engine::new(model, kv, config, policy));
         match self.no_prefix_cache {
             true => engine,
             false => engine.with_prefix_cache(),

@@ -68,6 +68,12 @@ pub const KEY_TOKENS: &str = "fornax_key_tokens_total";
 pub const KEY_REFUSALS: &str = "fornax_key_refusals_total";
 /// Engine steps since start.
 pub const STEPS: &str = "fornax_engine_steps_total";
+/// Drafted tokens verified by speculative decoding.
+pub const SPEC_PROPOSED: &str = "fornax_spec_proposed_tokens_total";
+/// Drafted tokens kept.
+pub const SPEC_ACCEPTED: &str = "fornax_spec_accepted_tokens_total";
+/// Drafts verified (one per request and step).
+pub const SPEC_VERIFICATIONS: &str = "fornax_spec_verifications_total";
 
 /// Latency buckets in seconds, from 5 ms to 5 minutes.
 const LATENCY_BUCKETS: [f64; 16] = [
@@ -114,6 +120,15 @@ pub fn install_metrics() -> Result<PrometheusHandle> {
     );
     describe_counter!(PREEMPTIONS, "Requests preempted when KV blocks ran out");
     describe_counter!(STEPS, "Engine steps");
+    describe_counter!(
+        SPEC_PROPOSED,
+        "Drafted tokens verified (speculative decoding)"
+    );
+    describe_counter!(SPEC_ACCEPTED, "Drafted tokens kept (speculative decoding)");
+    describe_counter!(
+        SPEC_VERIFICATIONS,
+        "Drafts verified, one per request and step"
+    );
     describe_counter!(PREFIX_LOOKUPS, "Prompts looked up in the prefix cache");
     describe_counter!(
         PREFIX_LOOKUP_TOKENS,
@@ -175,6 +190,11 @@ pub fn record_engine<B: EngineBackend>(engine: &Engine<'_, B>, stepped: bool) {
     counter!(WINDOW_TRIMS).absolute(kv.window_trims);
     counter!(WINDOW_DROPPED).absolute(kv.window_dropped_tokens);
     counter!(STEPS).absolute(engine.steps);
+    if engine.speculation().is_some() {
+        counter!(SPEC_PROPOSED).absolute(engine.spec_stats.proposed);
+        counter!(SPEC_ACCEPTED).absolute(engine.spec_stats.accepted);
+        counter!(SPEC_VERIFICATIONS).absolute(engine.spec_stats.verifications);
+    }
     if stepped {
         let (seqs, tokens) = engine.last_batch;
         histogram!(BATCH_SEQUENCES).record(seqs as f64);

@@ -1,5 +1,7 @@
 //! The paged KV cache as the model uses it: the pool's bookkeeping plus the device arenas.
 
+use std::collections::HashSet;
+
 use burn::tensor::backend::Backend;
 
 use super::{
@@ -14,6 +16,8 @@ pub struct PagedKv<B: Backend> {
     pub store: KvStore<B>,
     /// Attend with our kernels where the backend has them (`false`: burn reference path).
     pub kernels: bool,
+    /// Sequences whose tokens written since their last settle may be taken back.
+    held: HashSet<SeqId>,
 }
 
 impl<B: Backend> PagedKv<B> {
@@ -23,6 +27,7 @@ impl<B: Backend> PagedKv<B> {
             pool: BlockPool::new(capacity, policy),
             store: KvStore::new(dims, capacity, device),
             kernels: true,
+            held: HashSet::new(),
         }
     }
 
@@ -33,6 +38,7 @@ impl<B: Backend> PagedKv<B> {
 
     /// Frees a sequence's blocks (clearing the slots on the device for their next user).
     pub fn free_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
+        self.held.remove(&seq);
         let freed = self.pool.free_sequence(seq)?;
         self.store.clear(&freed);
         Ok(())
@@ -123,11 +129,51 @@ impl<B: Backend> PagedKv<B> {
         Ok(())
     }
 
-    /// Records that the batch's tokens were written, and converts blocks that aged.
+    /// Marks `seq`'s next tokens as tentative (speculative): they may be taken back with
+    /// [`Self::truncate`], and its blocks do not age until [`Self::settle`], so a block
+    /// converts at the same length as without speculation.
+    pub fn hold(&mut self, seq: SeqId) {
+        self.held.insert(seq);
+    }
+
+    /// Takes back `seq`'s tokens from `len` on, written since it was held: blocks past the
+    /// new end return to the pool and the rows they left in the last block are zeroed
+    /// (the slots are then as if never written). No block is copied.
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
+        let (freed, rows) = self.pool.truncate(seq, len)?;
+        self.store.clear(&freed);
+        self.store.clear_rows(rows);
+        Ok(())
+    }
+
+    /// Takes back everything `seq` wrote since it was held (down to `len`, its length
+    /// then) and ends the hold without ageing: the sequence is as it was.
+    pub fn restore(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
+        self.truncate(seq, len)?;
+        self.held.remove(&seq);
+        Ok(())
+    }
+
+    /// Ends `seq`'s hold: its blocks age as its kept length says.
+    pub fn settle(&mut self, seq: SeqId) -> Result<(), KvError> {
+        self.held.remove(&seq);
+        let moves = self.pool.settle(seq)?;
+        if !moves.is_empty() {
+            self.store.apply_moves(&moves);
+        }
+        Ok(())
+    }
+
+    /// Records that the batch's tokens were written, and converts blocks that aged (held
+    /// sequences age when they settle).
     pub fn commit(&mut self, parts: &[(SeqId, usize)]) -> Result<(), KvError> {
         let mut moves = Vec::new();
         for &(seq, new) in parts {
-            moves.extend(self.pool.advance(seq, new)?);
+            if self.held.contains(&seq) {
+                self.pool.advance_tentative(seq, new)?;
+            } else {
+                moves.extend(self.pool.advance(seq, new)?);
+            }
         }
         if !moves.is_empty() {
             self.store.apply_moves(&moves);

@@ -4,6 +4,7 @@
 //! cached (counted as free) until a new block needs their slot, least recently used first.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 
 use super::{KvCapacity, KvError, KvStats, Tier, TierPolicy, BLOCK_TOKENS};
 use crate::prefix::{Chain, PrefixIndex, PrefixStats};
@@ -58,6 +59,10 @@ pub struct Move {
 /// What trimming a sequence to a window gave back: slots freed (to clear on the device)
 /// and conversions now possible (to copy on the device).
 pub type Trimmed = (Vec<(Tier, u32)>, Vec<Move>);
+
+/// What taking tokens back gave back: slots freed and the arena rows of the last kept
+/// block that held taken-back tokens (both to clear on the device).
+pub type TakenBack = (Vec<(Tier, u32)>, Range<u32>);
 
 /// Host-side bookkeeping of the KV pool; the device arenas mirror its slots.
 #[derive(Debug)]
@@ -387,16 +392,82 @@ impl BlockPool {
         Ok(self.age(id))
     }
 
+    /// Records `count` tokens written after the current end of `id` that may still be
+    /// taken back ([`Self::truncate`]): no block ages until [`Self::settle`].
+    pub fn advance_tentative(&mut self, id: SeqId, count: usize) -> Result<(), KvError> {
+        let seq = self.seqs.get_mut(&id).ok_or(KvError::UnknownSequence(id))?;
+        assert!(
+            seq.stored() + count <= seq.blocks.len() * BLOCK_TOKENS,
+            "advance past reserve"
+        );
+        seq.len += count;
+        self.refill(id);
+        Ok(())
+    }
+
+    /// Takes back `id`'s tokens from `len` on (written this step, not yet indexed): blocks
+    /// past the new end are released, no data is copied. Returns the slots freed and the
+    /// FP32 arena rows of the last kept block that held taken-back tokens; the device
+    /// clears both so they can be written again.
+    pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<TakenBack, KvError> {
+        let seq = self.seqs.get_mut(&id).ok_or(KvError::UnknownSequence(id))?;
+        assert!(
+            len <= seq.len && len >= seq.dropped,
+            "truncate within the stored tokens"
+        );
+        let (old, new) = (seq.stored(), len - seq.dropped);
+        let kept = new.div_ceil(BLOCK_TOKENS);
+        debug_assert!(
+            seq.indexed <= new / BLOCK_TOKENS,
+            "taken-back tokens were indexed"
+        );
+        let gone: Vec<BlockId> = seq.blocks.drain(kept.min(seq.blocks.len())..).collect();
+        seq.len = len;
+        let mut rows = 0..0;
+        if !new.is_multiple_of(BLOCK_TOKENS) {
+            let block = self.blocks[seq.blocks[kept - 1] as usize];
+            assert_eq!(block.tier, Tier::F32, "tentative tokens are in FP32 blocks");
+            let base = block.slot * BLOCK_TOKENS as u32;
+            let end = old.min(kept * BLOCK_TOKENS);
+            rows =
+                base + (new % BLOCK_TOKENS) as u32..base + (end - (kept - 1) * BLOCK_TOKENS) as u32;
+        }
+        let freed = gone
+            .into_iter()
+            .rev()
+            .filter_map(|b| self.release(b))
+            .collect();
+        self.refill(id);
+        Ok((freed, rows))
+    }
+
+    /// Ages `id`'s blocks after tentative tokens were kept or taken back; returns the
+    /// conversions the device must copy.
+    pub fn settle(&mut self, id: SeqId) -> Result<Vec<Move>, KvError> {
+        self.seq(id)?;
+        Ok(self.age(id))
+    }
+
+    /// Sets the fill of `id`'s blocks from its stored tokens.
+    fn refill(&mut self, id: SeqId) {
+        let seq = &self.seqs[&id];
+        let stored = seq.stored();
+        for (index, &bid) in seq.blocks.iter().enumerate() {
+            self.blocks[bid as usize].fill =
+                (stored.saturating_sub(index * BLOCK_TOKENS)).min(BLOCK_TOKENS) as u32;
+        }
+    }
+
     /// Updates the fill of `id`'s blocks and converts those that aged out of their tier
     /// (as far as the lower tiers have room); returns the conversions.
     fn age(&mut self, id: SeqId) -> Vec<Move> {
+        self.refill(id);
         let seq = &self.seqs[&id];
         let stored = seq.stored();
         let ids = seq.blocks.clone();
         let mut moves = Vec::new();
         for (index, &bid) in ids.iter().enumerate() {
             let block = &mut self.blocks[bid as usize];
-            block.fill = (stored.saturating_sub(index * BLOCK_TOKENS)).min(BLOCK_TOKENS) as u32;
             let target = self.policy.tier_for(index, stored);
             // Shared blocks are read by other sequences at other ages: they keep their tier.
             if target <= block.tier || block.refs > 1 {

@@ -4,6 +4,8 @@
 //! Free slots are kept all zero, so a write is `select_add` into zeros (burn 0.21 has no
 //! assigning scatter), which is exact; a freed slot is cleared by adding its negation.
 
+use std::ops::Range;
+
 use burn::tensor::{backend::Backend, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use super::{pack, KvCapacity, KvDims, Move, Tier, BLOCK_TOKENS};
@@ -145,10 +147,7 @@ impl<B: Backend> KvStore<B> {
             }
             let rows = block_rows::<B>(&group, &self.device);
             let slot_ids = ids::<B>(&group, &self.device);
-            let clear = |t: Tensor<B, 2>, idx: &Tensor<B, 1, Int>| {
-                let old = t.clone().select(0, idx.clone());
-                add_rows(t, idx, old.neg())
-            };
+            let clear = negate_rows::<B>;
             let clear_int = |t: Tensor<B, 2, Int>, idx: &Tensor<B, 1, Int>| {
                 let old = t.clone().select(0, idx.clone());
                 t.select_assign(0, idx.clone(), old.neg(), IndexingUpdateOp::Add)
@@ -167,6 +166,24 @@ impl<B: Backend> KvStore<B> {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Zeroes FP32 arena `rows` (consecutive rows of one block) in every layer: tokens
+    /// taken back, see [`BlockPool::truncate`](super::BlockPool::truncate).
+    pub fn clear_rows(&mut self, rows: Range<u32>) {
+        if rows.is_empty() {
+            return;
+        }
+        let width = self.dims.n_kv_heads * self.dims.head_dim;
+        let range = rows.start as usize..rows.end as usize;
+        let zeros = Tensor::<B, 2>::zeros([range.len(), width], &self.device);
+        for layer in &mut self.layers {
+            for arena in [&mut layer.keys, &mut layer.values] {
+                arena
+                    .f32_rows
+                    .update(|t| t.slice_assign([range.clone(), 0..width], zeros.clone()));
             }
         }
     }
@@ -379,6 +396,12 @@ fn add_rows<B: Backend>(
     values: Tensor<B, 2>,
 ) -> Tensor<B, 2> {
     arena.select_assign(0, rows.clone(), values, IndexingUpdateOp::Add)
+}
+
+/// Zeroes `rows` of `arena` by adding their negation (exact).
+fn negate_rows<B: Backend>(arena: Tensor<B, 2>, rows: &Tensor<B, 1, Int>) -> Tensor<B, 2> {
+    let old = arena.clone().select(0, rows.clone());
+    add_rows(arena, rows, old.neg())
 }
 
 /// Arena rows of every token of blocks `slots`, in order.

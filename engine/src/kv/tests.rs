@@ -172,3 +172,39 @@ fn trimming_frees_room_for_conversions_deferred_by_a_full_tier() {
     assert_eq!(p.stats().blocks_used_by_tier, [1, 2, 0]);
     assert_eq!(p.stored(s).unwrap(), 96);
 }
+
+#[test]
+fn taking_back_tentative_tokens_restores_the_pool_and_defers_ageing() {
+    let policy = TierPolicy {
+        recent: Some(32),
+        int8_after: None,
+    };
+    // Speculative run: 60 tokens settled, 6 tentative (crossing into block 2), 2 kept.
+    let mut p = pool([8, 4, 0], policy);
+    let s = p.add_sequence();
+    p.reserve(s, 60).unwrap();
+    p.advance(s, 60).unwrap();
+    p.reserve(s, 6).unwrap();
+    p.advance_tentative(s, 6).unwrap();
+    assert_eq!(p.stats().conversions, 0, "held tokens do not age blocks");
+    let slot = |p: &BlockPool, i: usize| p.table(s).unwrap()[i] & SLOT_MASK;
+    let (freed, rows) = p.truncate(s, 62).unwrap();
+    assert_eq!(freed.len(), 1, "block 2 held only taken-back tokens");
+    let base = slot(&p, 1) * 32;
+    assert_eq!(rows, base + 30..base + 32);
+    assert_eq!(p.settle(s).unwrap().len(), 0);
+    // Plain run to the same length.
+    let mut q = pool([8, 4, 0], policy);
+    let t = q.add_sequence();
+    q.reserve(t, 62).unwrap();
+    q.advance(t, 62).unwrap();
+    assert_eq!(p.stats(), q.stats());
+    assert_eq!(p.len(s).unwrap(), 62);
+    // Past 64 + 32 tokens block 0 ages exactly when the plain run's does.
+    p.reserve(s, 34).unwrap();
+    p.advance(s, 34).unwrap();
+    q.reserve(t, 34).unwrap();
+    q.advance(t, 34).unwrap();
+    assert_eq!(p.stats(), q.stats());
+    assert_eq!(p.stats().conversions, 2);
+}

@@ -122,6 +122,48 @@ impl<B: EngineBackend> LlamaModel<B> {
         kv: &mut PagedKv<B>,
         logits: Logits,
     ) -> Result<Tensor<B, 2>, ModelError> {
+        let tails = match logits {
+            Logits::Last => Some(vec![1; batch.len()]),
+            Logits::All => None,
+        };
+        self.run_batch(batch, kv, self.net.blocks.len(), tails.as_deref())
+    }
+
+    /// [`Self::forward_batch`] returning logits for the last `tails[i]` tokens of each
+    /// sequence `i`, in batch order (a speculative verification needs every drafted
+    /// position of a sequence, and one row of the others).
+    pub fn forward_batch_tails(
+        &self,
+        batch: &[SeqTokens<'_>],
+        kv: &mut PagedKv<B>,
+        tails: &[usize],
+    ) -> Result<Tensor<B, 2>, ModelError> {
+        assert_eq!(tails.len(), batch.len(), "a tail per sequence");
+        self.run_batch(batch, kv, self.net.blocks.len(), Some(tails))
+    }
+
+    /// The first `layers` blocks only, then the final norm and the output layer: the
+    /// shallow self-draft of speculative decoding. Its keys and values are those the
+    /// full model writes for those layers. Logits of each sequence's last token.
+    pub fn forward_batch_shallow(
+        &self,
+        batch: &[SeqTokens<'_>],
+        kv: &mut PagedKv<B>,
+        layers: usize,
+    ) -> Result<Tensor<B, 2>, ModelError> {
+        let layers = layers.clamp(1, self.net.blocks.len());
+        self.run_batch(batch, kv, layers, Some(&vec![1; batch.len()]))
+    }
+
+    /// The ragged forward pass through the first `layers` blocks; `tails`: rows of
+    /// logits per sequence (`None`: every row).
+    fn run_batch(
+        &self,
+        batch: &[SeqTokens<'_>],
+        kv: &mut PagedKv<B>,
+        layers: usize,
+        tails: Option<&[usize]>,
+    ) -> Result<Tensor<B, 2>, ModelError> {
         if batch.is_empty() {
             return Err(ModelError::EmptyInput);
         }
@@ -132,20 +174,24 @@ impl<B: EngineBackend> LlamaModel<B> {
         let mut paged = kv.prepare(&parts)?;
         paged.fused = B::fused_fit(&self.device());
         let mut x = self.embed(batch.iter().flat_map(|s| s.tokens.iter().copied()));
-        for (layer, block) in self.net.blocks.iter().enumerate() {
+        for (layer, block) in self.net.blocks.iter().take(layers).enumerate() {
             x = block.forward_paged(x, &self.rope, kv, &paged, layer);
         }
         kv.commit(&parts)?;
-        if logits == Logits::Last {
-            let last: Vec<i64> = paged
+        if let Some(tails) = tails {
+            let rows: Vec<i64> = paged
                 .seqs
                 .iter()
-                .map(|s| (s.row_start + s.rows - 1) as i64)
+                .zip(tails)
+                .flat_map(|(s, &t)| {
+                    let end = s.row_start + s.rows;
+                    (end - t.clamp(1, s.rows)..end).map(|r| r as i64)
+                })
                 .collect();
-            let n = last.len();
+            let n = rows.len();
             x = x.select(
                 0,
-                Tensor::from_data(TensorData::new(last, [n]), &self.device()),
+                Tensor::from_data(TensorData::new(rows, [n]), &self.device()),
             );
         }
         Ok(self.output(x))

@@ -1,6 +1,6 @@
 //! The batch builder: which requests run how many tokens each step, and who is preempted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::{
     ElasticWindow, Entry, FinishReason, KvBlocks, Policy, PolicyKind, RequestId, SubmitError,
@@ -56,6 +56,15 @@ pub struct Scheduled {
     /// Whether they complete the request's context, so the step's last logits give its
     /// next token.
     pub samples: bool,
+    /// Drafted tokens at the end of `tokens` (speculative decoding), to be verified.
+    pub drafted: usize,
+}
+
+impl Scheduled {
+    /// The drafted tokens it runs.
+    pub fn draft(&self) -> &[u32] {
+        &self.tokens[self.tokens.len() - self.drafted..]
+    }
 }
 
 /// What one step runs.
@@ -171,6 +180,11 @@ impl Scheduler {
         self.requests.is_empty()
     }
 
+    /// Every request in flight, by id.
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.requests.values()
+    }
+
     /// Requests holding KV blocks.
     pub fn running(&self) -> usize {
         self.requests.values().filter(|r| r.seq.is_some()).count()
@@ -190,6 +204,17 @@ impl Scheduler {
     /// the order are preempted for earlier ones; a request that cannot get blocks and has
     /// no one behind it to preempt gives up its own so that those ahead can progress.
     pub fn plan(&mut self, kv: &mut impl KvBlocks) -> StepPlan {
+        self.plan_with_drafts(kv, &HashMap::new())
+    }
+
+    /// [`Self::plan`], where a request that samples this step also runs as much of its
+    /// draft (`drafts`) as the token budget and the free blocks allow: drafted tokens
+    /// never preempt anyone.
+    pub fn plan_with_drafts(
+        &mut self,
+        kv: &mut impl KvBlocks,
+        drafts: &HashMap<RequestId, Vec<u32>>,
+    ) -> StepPlan {
         let step = self.step;
         self.step += 1;
         let mut order: Vec<(f64, u64, RequestId)> = self
@@ -253,12 +278,24 @@ impl Scheduler {
             }
             free -= needed;
             budget -= n;
-            let r = self.requests.get_mut(&id).expect("in order");
+            let r = &self.requests[&id];
+            let mut tokens = r.tokens[r.computed..r.computed + n].to_vec();
+            let samples = r.computed + n == r.tokens.len();
+            let mut drafted = 0;
+            if let Some(draft) = drafts.get(&id).filter(|_| samples) {
+                drafted = fitting(draft.len().min(budget), free, |m| {
+                    kv.blocks_needed(seq, n + m) - needed
+                });
+                free -= kv.blocks_needed(seq, n + drafted) - needed;
+                budget -= drafted;
+                tokens.extend_from_slice(&draft[..drafted]);
+            }
             plan.batch.push(Scheduled {
                 id,
                 seq,
-                tokens: r.tokens[r.computed..r.computed + n].to_vec(),
-                samples: r.computed + n == r.tokens.len(),
+                tokens,
+                samples,
+                drafted,
             });
         }
         plan
@@ -329,16 +366,38 @@ impl Scheduler {
         sampled: Option<u32>,
         stop_ids: &[u32],
     ) -> Option<FinishReason> {
-        let r = self.requests.get_mut(&s.id)?;
-        r.computed += s.tokens.len();
-        let token = sampled?;
-        r.tokens.push(token);
-        if stop_ids.contains(&token) {
-            Some(FinishReason::Stop)
-        } else if r.generated() >= r.max_tokens {
-            Some(FinishReason::Length)
-        } else {
-            None
+        self.complete_verified(s, 0, sampled.as_slice(), stop_ids).1
+    }
+
+    /// [`Self::complete`] for a step that may have verified a draft: the first `accepted`
+    /// drafted tokens stay cached (the rest were taken back) and `emitted` are the new
+    /// tokens in order. Returns how many of them the request took (it stops at a stop
+    /// token or at `max_tokens`) and why it finished, if it did.
+    pub fn complete_verified(
+        &mut self,
+        s: &Scheduled,
+        accepted: usize,
+        emitted: &[u32],
+        stop_ids: &[u32],
+    ) -> (usize, Option<FinishReason>) {
+        let Some(r) = self.requests.get_mut(&s.id) else {
+            return (0, None);
+        };
+        r.computed += s.tokens.len() - s.drafted + accepted;
+        let mut result = (emitted.len(), None);
+        for (i, &token) in emitted.iter().enumerate() {
+            r.tokens.push(token);
+            if stop_ids.contains(&token) {
+                result = (i + 1, Some(FinishReason::Stop));
+            } else if r.generated() >= r.max_tokens {
+                result = (i + 1, Some(FinishReason::Length));
+            } else {
+                continue;
+            }
+            break;
         }
+        // Finished on an accepted drafted token: what is cached past it is not its own.
+        r.computed = r.computed.min(r.tokens.len());
+        result
     }
 }

@@ -19,4 +19,5 @@ mod paged_model;
 mod quant_kernels;
 mod reference_cpu;
 mod reference_wgpu;
+mod speculative;
 mod tokenizer;

@@ -18,7 +18,7 @@ use fornax_engine::kv::KvStats;
 use fornax_engine::model::LlamaModel;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{PolicyKind, RequestId, SchedulerConfig};
-use fornax_engine::{Engine, EngineBackend, Event, Request};
+use fornax_engine::{EngineBackend, Event, Request};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 use super::super::kv_args::KvArgs;
@@ -184,10 +184,7 @@ impl LoadBench<'_> {
         };
         let capacity = a.kv.capacity(model.kv_dims(), config.max_batch, 256)?;
         let kv = model.new_paged_cache(capacity, a.kv.policy());
-        let mut engine = Engine::new(model, kv, config, policy);
-        if !a.sched.no_prefix_cache {
-            engine = engine.with_prefix_cache();
-        }
+        let mut engine = a.sched.engine_with(model, kv, config, policy);
         let window = a.sched.window_s();
         let mut f = Figures::default();
         let mut now = 0.0f64;

@@ -5,6 +5,7 @@ mod kv;
 mod load;
 mod prefix;
 mod single;
+mod spec;
 mod window;
 
 use anyhow::Result;
@@ -23,6 +24,9 @@ pub enum BenchCommand {
     Load(load::LoadArgs),
     /// Shared prompt prefixes (chat): the prefix cache off and on at several batch sizes.
     Prefix(prefix::PrefixArgs),
+    /// Speculative decoding off, with n-gram drafts and with the self-draft, on repetitive
+    /// and free text.
+    Spec(spec::SpecBenchArgs),
     /// The elastic KV window off and on: perplexity at W(B), and a burst under KV pressure.
     Window(window::WindowBenchArgs),
 }
@@ -34,6 +38,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Kv(args) => kv::run(args),
         BenchCommand::Load(args) => load::run(args),
         BenchCommand::Prefix(args) => prefix::run(args),
+        BenchCommand::Spec(args) => spec::run(args),
         BenchCommand::Window(args) => window::run(args),
     }
 }

@@ -113,7 +113,10 @@ impl PrefixBench<'_> {
         config.max_batch = batch;
         let capacity = a.kv.capacity(model.kv_dims(), batch, 256)?;
         let kv = model.new_paged_cache(capacity, a.kv.policy());
-        let mut engine = Engine::new(model, kv, config, PolicyKind::Fcfs);
+        let mut engine = a
+            .sched
+            .spec
+            .apply(Engine::new(model, kv, config, PolicyKind::Fcfs));
         if cache {
             engine = engine.with_prefix_cache();
         }

@@ -1,0 +1,325 @@
+//! `fornax bench spec`: speculative decoding off, with prompt lookup (n-gram) and with the
+//! self-draft, side by side in one run, on repetitive text (a list, a schedule, code, a
+//! chat that quotes its prompt) and on free text. Each case is one greedy request through the
+//! engine; the three settings alternate within every run.
+
+use std::time::Instant;
+
+use anyhow::{ensure, Result};
+use clap::Args;
+use fornax_backends::{BackendTask, DeviceInfo};
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::kv::{KvCapacity, TierPolicy};
+use fornax_engine::model::LlamaModel;
+use fornax_engine::sampling::SamplingParams;
+use fornax_engine::sched::{PolicyKind, SchedulerConfig};
+use fornax_engine::spec::{ProposerKind, SpecConfig};
+use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
+use fornax_engine::{Engine, EngineBackend, Event, Request};
+
+use super::super::{load_model, parse, tokenizer, ModelArgs};
+use super::median;
+
+#[derive(Args, Debug)]
+pub struct SpecBenchArgs {
+    /// Tokens generated per case at most (a case ends earlier at end of sequence).
+    #[arg(long, default_value_t = 96)]
+    pub gen_tokens: usize,
+    /// Measured runs (after one warm-up run); each alternates the settings.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Tokens drafted per step at most.
+    #[arg(long, default_value_t = 3)]
+    pub spec_tokens: usize,
+    /// Layers of the self-draft.
+    #[arg(long, default_value_t = 8)]
+    pub spec_draft_layers: usize,
+    #[command(flatten)]
+    pub model: ModelArgs,
+}
+
+/// A prompt, raw or as a user message through the chat template.
+struct Case {
+    name: &'static str,
+    repetitive: bool,
+    chat: bool,
+    text: &'static str,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        name: "list",
+        repetitive: true,
+        chat: false,
+        text: "Count from 1 to 100, separated by commas: 1, 2, 3, 4,",
+    },
+    Case {
+        name: "schedule",
+        repetitive: true,
+        chat: false,
+        text: "Monday: open 9:00-17:00, closed for lunch 12:00-13:00\n\
+               Tuesday: open 9:00-17:00, closed for lunch 12:00-13:00\nWednesday:",
+    },
+    Case {
+        name: "code",
+        repetitive: true,
+        chat: true,
+        text: "Add a docstring to this Python function and print the whole function:\n\n\
+               def area(width, height):\n    if width < 0 or height < 0:\n        \
+               raise ValueError(\"negative size\")\n    return width * height\n",
+    },
+    Case {
+        name: "quote",
+        repetitive: true,
+        chat: true,
+        text: "Fix the typos in this text and print it: The libary opens at nine in the \
+               morning and closes at six in the evening. Members may borow up to five books \
+               at a time for three weeks.",
+    },
+    Case {
+        name: "story",
+        repetitive: false,
+        chat: true,
+        text: "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    },
+    Case {
+        name: "explain",
+        repetitive: false,
+        chat: true,
+        text: "Explain why the sky is blue to a ten-year-old.",
+    },
+    Case {
+        name: "essay",
+        repetitive: false,
+        chat: false,
+        text: "The history of the printing press begins",
+    },
+];
+
+/// The settings compared: off, then each proposer.
+const SETTINGS: [Option<ProposerKind>; 3] = [
+    None,
+    Some(ProposerKind::Ngram),
+    Some(ProposerKind::SelfDraft),
+];
+
+fn setting_name(s: Option<ProposerKind>) -> &'static str {
+    match s {
+        None => "off",
+        Some(ProposerKind::Ngram) => "n-gram",
+        Some(ProposerKind::SelfDraft) => "self-draft",
+    }
+}
+
+/// One request's figures.
+#[derive(Debug, Clone, Default)]
+struct Run {
+    tokens: Vec<u32>,
+    /// Seconds from the first token to the last.
+    decode_s: f64,
+    /// Forward passes after the first token.
+    decode_steps: u64,
+    /// Seconds from submission to the 32nd token (the last, if fewer).
+    to_32nd_s: f64,
+    proposed: u64,
+    accepted: u64,
+}
+
+struct SpecBench<'a> {
+    args: &'a SpecBenchArgs,
+    gguf: &'a GgufFile<'a>,
+    tok: &'a Tokenizer,
+}
+
+impl SpecBench<'_> {
+    fn prompt(&self, case: &Case) -> Result<Vec<u32>> {
+        Ok(match case.chat {
+            true => self
+                .tok
+                .encode_chat(&[ChatMessage::new("user", case.text)])?,
+            false => self.tok.encode(case.text, false)?,
+        })
+    }
+
+    fn run_one<B: EngineBackend>(
+        &self,
+        model: &LlamaModel<B>,
+        prompt: &[u32],
+        setting: Option<ProposerKind>,
+    ) -> Result<Run> {
+        let a = self.args;
+        let blocks = (prompt.len() + a.gen_tokens + a.spec_tokens).div_ceil(32) + 2;
+        let kv = model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
+        let config = SchedulerConfig {
+            max_batch: 1,
+            ..SchedulerConfig::default()
+        };
+        let mut engine = Engine::new(model, kv, config, PolicyKind::Fcfs);
+        if let Some(proposer) = setting {
+            engine = engine.with_speculation(SpecConfig {
+                proposer,
+                tokens: a.spec_tokens,
+                draft_layers: a.spec_draft_layers,
+            });
+        }
+        let start = Instant::now();
+        engine.submit(Request {
+            prompt: prompt.to_vec(),
+            max_tokens: a.gen_tokens,
+            qos: 0,
+            sampling: SamplingParams::greedy(),
+            stop_ids: self.tok.stop_ids(),
+        })?;
+        let mut run = Run::default();
+        let mut first = None;
+        while !engine.is_idle() {
+            let events = engine.step()?;
+            let now = start.elapsed().as_secs_f64();
+            for e in events {
+                if let Event::Token { token, .. } = e {
+                    run.tokens.push(token);
+                    if run.tokens.len() <= 32 {
+                        run.to_32nd_s = now;
+                    }
+                }
+            }
+            if first.is_none() && !run.tokens.is_empty() {
+                first = Some((now, engine.steps));
+            }
+            if let Some((t, steps)) = first {
+                run.decode_s = now - t;
+                run.decode_steps = engine.steps - steps;
+            }
+        }
+        run.proposed = engine.spec_stats.proposed;
+        run.accepted = engine.spec_stats.accepted;
+        Ok(run)
+    }
+}
+
+/// Figures of one setting over one class of cases in one run.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sum {
+    decoded: u64,
+    decode_s: f64,
+    steps: u64,
+    to_32nd_s: f64,
+    proposed: u64,
+    accepted: u64,
+}
+
+impl Sum {
+    fn add(&mut self, r: &Run) {
+        self.decoded += r.tokens.len() as u64 - 1;
+        self.decode_s += r.decode_s;
+        self.steps += r.decode_steps;
+        self.to_32nd_s += r.to_32nd_s;
+        self.proposed += r.proposed;
+        self.accepted += r.accepted;
+    }
+}
+
+impl BackendTask for SpecBench<'_> {
+    type Output = Result<()>;
+
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+        let a = self.args;
+        let model: LlamaModel<B> = load_model::<B>(self.gguf, &device, a.model.load_options())?;
+        let prompts: Vec<Vec<u32>> = CASES
+            .iter()
+            .map(|c| self.prompt(c))
+            .collect::<Result<_>>()?;
+        println!("backend: {} | adapter: {}", info.kind, info.adapter);
+        println!(
+            "{} tokens per case, greedy, up to {} drafted per step, self-draft of {} of {} layers, {} runs (settings alternate within each)",
+            a.gen_tokens, a.spec_tokens, a.spec_draft_layers, model.config.n_layers, a.runs
+        );
+        // sums[run][class][setting]
+        let mut sums = vec![[[Sum::default(); 3]; 2]; a.runs];
+        let mut outputs: Vec<[Vec<u32>; 3]> = vec![Default::default(); CASES.len()];
+        for run in 0..=a.runs {
+            for (c, case) in CASES.iter().enumerate() {
+                for (k, &setting) in SETTINGS.iter().enumerate() {
+                    let r = self.run_one(&model, &prompts[c], setting)?;
+                    if run == 0 {
+                        outputs[c][k] = r.tokens.clone();
+                    } else {
+                        sums[run - 1][usize::from(!case.repetitive)][k].add(&r);
+                    }
+                }
+            }
+        }
+        println!();
+        println!("| case | same output with n-gram | same output with self-draft |");
+        println!("|---|---|---|");
+        let mut all_same = true;
+        for (c, case) in CASES.iter().enumerate() {
+            let same = |k: usize| outputs[c][k] == outputs[c][0];
+            all_same &= same(1) && same(2);
+            println!("| {} | {} | {} |", case.name, yes(same(1)), yes(same(2)));
+        }
+        for (class, label) in [
+            "repetitive (list, schedule, code, quote)",
+            "free (story, explain, essay)",
+        ]
+        .iter()
+        .enumerate()
+        {
+            println!();
+            println!("{label}:");
+            println!("| setting | acceptance | tokens per pass | decode tok/s | vs off | time to 32nd token | vs off |");
+            println!("|---|---|---|---|---|---|---|");
+            let fig = |k: usize, f: &dyn Fn(&Sum) -> f64| {
+                median(sums.iter().map(|s| f(&s[class][k])).collect())
+            };
+            let tps = |k| fig(k, &|s| s.decoded as f64 / s.decode_s);
+            let cases = CASES
+                .iter()
+                .filter(|c| c.repetitive == (class == 0))
+                .count() as f64;
+            let t32 = |k| fig(k, &|s| s.to_32nd_s / cases);
+            for (k, &setting) in SETTINGS.iter().enumerate() {
+                let last = &sums[a.runs - 1][class][k];
+                let acceptance = match last.proposed {
+                    0 => "-".to_string(),
+                    p => format!("{:.0}%", 100.0 * last.accepted as f64 / p as f64),
+                };
+                println!(
+                    "| {} | {} | {:.2} | {:.1} | {:.2}x | {:.0} ms | {:.2}x |",
+                    setting_name(setting),
+                    acceptance,
+                    last.decoded as f64 / last.steps as f64,
+                    tps(k),
+                    tps(k) / tps(0),
+                    1000.0 * t32(k),
+                    t32(0) / t32(k),
+                );
+            }
+        }
+        println!();
+        println!(
+            "decode tok/s and time to the 32nd token: medians over runs of each class's totals (time: mean per case); tokens per pass and acceptance: last run"
+        );
+        ensure!(all_same, "a setting changed the greedy output");
+        Ok(())
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "NO"
+    }
+}
+
+pub fn run(args: SpecBenchArgs) -> Result<()> {
+    let file = args.model.open()?;
+    let gguf = parse(&file)?;
+    let tok = tokenizer(&gguf)?;
+    args.model.run_on(SpecBench {
+        args: &args,
+        gguf: &gguf,
+        tok: &tok,
+    })?
+}

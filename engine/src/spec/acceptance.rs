@@ -1,0 +1,59 @@
+//! Per-request switch: speculation pauses for a request whose drafts keep being rejected.
+
+/// Smoothing of the acceptance rate (weight of the newest verification).
+const WEIGHT: f32 = 0.3;
+/// Below this smoothed rate the request stops drafting for a while.
+const MIN_RATE: f32 = 0.3;
+/// Steps of the first pause; each pause in a row doubles it, up to `MAX_PAUSE`.
+const FIRST_PAUSE: u32 = 8;
+const MAX_PAUSE: u32 = 256;
+
+/// One request's recent acceptance and its pause.
+#[derive(Debug, Clone, Copy)]
+pub struct Acceptance {
+    rate: f32,
+    pause: u32,
+    next_pause: u32,
+}
+
+impl Default for Acceptance {
+    fn default() -> Self {
+        Self {
+            rate: 0.5,
+            pause: 0,
+            next_pause: FIRST_PAUSE,
+        }
+    }
+}
+
+impl Acceptance {
+    /// Whether to draft this step (a paused request counts its pause down).
+    pub fn wants_draft(&mut self) -> bool {
+        if self.pause > 0 {
+            self.pause -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// Records a verification of `proposed` drafted tokens of which `accepted` were kept.
+    pub fn record(&mut self, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        let rate = accepted as f32 / proposed as f32;
+        self.rate = (1.0 - WEIGHT) * self.rate + WEIGHT * rate;
+        if self.rate < MIN_RATE {
+            self.pause = self.next_pause;
+            self.next_pause = (self.next_pause * 2).min(MAX_PAUSE);
+            self.rate = 0.5;
+        } else if rate >= MIN_RATE {
+            self.next_pause = FIRST_PAUSE;
+        }
+    }
+
+    /// Whether the request is pausing.
+    pub fn paused(&self) -> bool {
+        self.pause > 0
+    }
+}

@@ -1,0 +1,177 @@
+//! Proposers, the acceptance rule and the per-request switch.
+
+use super::*;
+use crate::sampling::{Sampler, SamplingParams};
+
+#[test]
+fn ngram_drafts_what_followed_the_latest_match() {
+    let p = NgramProposer::default();
+    // "1, 2, 3, 1, 2" -> the trigram is unseen; "1, 2" last occurred at 0, then "3, 1, 2".
+    assert_eq!(p.lookup(&[1, 2, 3, 1, 2], 4), vec![3, 1, 2]);
+    assert_eq!(p.lookup(&[1, 2, 3, 1, 2], 1), vec![3]);
+    // The longest n-gram wins: "7 8 9" matches at 4, not "8 9" at 0.
+    assert_eq!(p.lookup(&[8, 9, 5, 5, 7, 8, 9, 6, 7, 8, 9], 2), vec![6, 7]);
+    // A single repeated token is not matched (n >= 2), nothing is invented.
+    assert!(p.lookup(&[4, 5, 6, 4], 4).is_empty());
+    assert!(p.lookup(&[1], 4).is_empty());
+}
+
+#[test]
+fn verification_keeps_the_agreeing_prefix_and_the_models_next_token() {
+    assert_eq!(
+        verify(&[5, 6, 7], &[5, 6, 9, 1]),
+        Verdict {
+            tokens: vec![5, 6, 9],
+            accepted: 2
+        }
+    );
+    assert_eq!(
+        verify(&[5, 6], &[5, 6, 8]),
+        Verdict {
+            tokens: vec![5, 6, 8],
+            accepted: 2
+        }
+    );
+    assert_eq!(
+        verify(&[5], &[4, 5]),
+        Verdict {
+            tokens: vec![4],
+            accepted: 0
+        }
+    );
+    assert_eq!(verify(&[], &[3]).tokens, vec![3]);
+}
+
+fn softmax(logits: &[f32]) -> Vec<f64> {
+    let e: Vec<f64> = logits.iter().map(|&x| f64::from(x).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.iter().map(|x| x / sum).collect()
+}
+
+/// Pearson's statistic of `counts` against `probs`.
+fn chi_square(counts: &[u64], probs: &[f64]) -> f64 {
+    let n: u64 = counts.iter().sum();
+    counts
+        .iter()
+        .zip(probs)
+        .map(|(&c, &p)| {
+            let e = n as f64 * p;
+            (c as f64 - e).powi(2) / e
+        })
+        .sum()
+}
+
+/// Sampling through a draft keeps the model's distribution: over a 4-token vocabulary
+/// with fixed logits per position, the first emitted token follows softmax(row 0)
+/// whatever was drafted, and the second (after an accepted draft) softmax(row 1).
+/// Chi-square with 3 degrees of freedom at significance 0.001 (critical value 16.27).
+#[test]
+fn sampled_verification_keeps_the_distribution() {
+    const CRITICAL: f64 = 16.27;
+    let rows = [[1.0f32, 0.5, 0.0, -0.5], [0.0, 1.0, 0.2, 0.3]];
+    let trials = 20_000u64;
+    for draft in [0u32, 1, 3] {
+        let mut first = [0u64; 4];
+        let mut second = [0u64; 4];
+        for seed in 0..trials {
+            let sampler = Sampler::new(SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                seed: seed * 7919 + u64::from(draft),
+            });
+            let picks: Vec<u32> = sampler_chain(&sampler, 2)
+                .iter_mut()
+                .zip(&rows)
+                .map(|(s, row)| s.sample(row))
+                .collect();
+            let v = verify(&[draft], &picks);
+            first[v.tokens[0] as usize] += 1;
+            if v.accepted == 1 {
+                second[v.tokens[1] as usize] += 1;
+            }
+        }
+        let x1 = chi_square(&first, &softmax(&rows[0]));
+        let x2 = chi_square(&second, &softmax(&rows[1]));
+        assert!(x1 < CRITICAL, "draft {draft}: first token chi2 {x1}");
+        assert!(x2 < CRITICAL, "draft {draft}: second token chi2 {x2}");
+        // The draft is accepted as often as the model would pick it.
+        let rate = second.iter().sum::<u64>() as f64 / trials as f64;
+        let p = softmax(&rows[0])[draft as usize];
+        assert!((rate - p).abs() < 4.0 * (p * (1.0 - p) / trials as f64).sqrt());
+    }
+}
+
+/// With a fixed seed, the tokens a verification emits are the tokens plain sampling
+/// draws, and the request's generator ends where plain sampling leaves it.
+#[test]
+fn seeded_verification_draws_what_plain_sampling_draws() {
+    let rows: Vec<Vec<f32>> = (0..6)
+        .map(|j| {
+            (0..50)
+                .map(|i| ((i * 7 + j * 3) % 11) as f32 * 0.4)
+                .collect()
+        })
+        .collect();
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_k: 20,
+        top_p: 0.95,
+        seed: 11,
+    };
+    let mut plain = Sampler::new(params.clone());
+    let expected: Vec<u32> = rows.iter().map(|r| plain.sample(r)).collect();
+    let mut spec = Sampler::new(params);
+    let mut emitted = Vec::new();
+    let mut at = 0;
+    while at < rows.len() {
+        // Draft the true continuation for two tokens, then one wrong token.
+        let mut draft: Vec<u32> = expected[at..].iter().take(2).copied().collect();
+        draft.push(u32::MAX);
+        draft.truncate(rows.len() - at - 1);
+        let picks: Vec<u32> = sampler_chain(&spec, draft.len() + 1)
+            .iter_mut()
+            .zip(&rows[at..])
+            .map(|(s, r)| s.sample(r))
+            .collect();
+        let v = verify(&draft, &picks);
+        for _ in 0..v.tokens.len() {
+            spec.draw();
+        }
+        at += v.tokens.len();
+        emitted.extend(v.tokens);
+    }
+    assert_eq!(emitted, expected);
+    assert_eq!(spec.draw(), plain.draw());
+}
+
+#[test]
+fn low_acceptance_pauses_drafting_for_longer_each_time() {
+    let mut a = Acceptance::default();
+    assert!(a.wants_draft());
+    let mut pauses = Vec::new();
+    for _ in 0..3 {
+        while a.wants_draft() {
+            a.record(4, 0);
+        }
+        let mut steps = 1;
+        while !a.wants_draft() {
+            steps += 1;
+        }
+        pauses.push(steps);
+    }
+    assert_eq!(pauses, vec![8, 16, 32]);
+    // Good drafts keep it on.
+    let mut b = Acceptance::default();
+    for _ in 0..100 {
+        assert!(b.wants_draft());
+        b.record(4, 3);
+    }
+}
+
+#[test]
+fn proposer_names_parse() {
+    assert_eq!("ngram".parse::<ProposerKind>(), Ok(ProposerKind::Ngram));
+    assert_eq!("draft".parse::<ProposerKind>(), Ok(ProposerKind::SelfDraft));
+    assert!("medusa".parse::<ProposerKind>().is_err());
+}
