@@ -187,7 +187,9 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             requests.push(DraftRequest {
                 seq,
                 tokens: &r.tokens,
-                max: spec.config.tokens.min(to_go - 1),
+                max: decoding
+                    .acceptance
+                    .draft_len(spec.config.tokens.min(to_go - 1)),
             });
         }
         if requests.is_empty() {

@@ -3,3 +3,4 @@
 mod api_keys;
 mod cli;
 mod server;
+mod speculation;

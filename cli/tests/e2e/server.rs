@@ -176,12 +176,12 @@ impl Server {
         (status, value)
     }
 
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+    pub(crate) fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         self.post_raw(path, body.to_string().as_bytes())
     }
 
     /// Starts a streamed request; returns the event reader once the headers arrived.
-    fn stream(&self, path: &str, body: &Value) -> Events {
+    pub(crate) fn stream(&self, path: &str, body: &Value) -> Events {
         self.stream_as(path, body, None)
     }
 
@@ -209,7 +209,7 @@ impl Server {
         )
     }
 
-    fn metrics(&self) -> Metrics {
+    pub(crate) fn metrics(&self) -> Metrics {
         let (status, text) = self.get("/metrics");
         assert_eq!(status, 200);
         Metrics::parse(&text)
@@ -225,7 +225,7 @@ impl Metrics {
 }
 
 impl Server {
-    fn assert_healthy(&self) {
+    pub(crate) fn assert_healthy(&self) {
         assert_eq!(self.get("/health").0, 200, "healthy");
     }
 }

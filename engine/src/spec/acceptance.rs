@@ -14,6 +14,8 @@ pub struct Acceptance {
     rate: f32,
     pause: u32,
     next_pause: u32,
+    /// Drafted tokens the last verification kept, if it rejected one.
+    last_kept: Option<usize>,
 }
 
 impl Default for Acceptance {
@@ -22,6 +24,7 @@ impl Default for Acceptance {
             rate: 0.5,
             pause: 0,
             next_pause: FIRST_PAUSE,
+            last_kept: None,
         }
     }
 }
@@ -36,11 +39,18 @@ impl Acceptance {
         true
     }
 
+    /// Tokens to draft at most this step: `max`, or one more than the last verification
+    /// kept when it rejected a token (a drafted token that fails costs a row of the pass).
+    pub fn draft_len(&self, max: usize) -> usize {
+        self.last_kept.map_or(max, |k| (k + 1).min(max))
+    }
+
     /// Records a verification of `proposed` drafted tokens of which `accepted` were kept.
     pub fn record(&mut self, proposed: usize, accepted: usize) {
         if proposed == 0 {
             return;
         }
+        self.last_kept = (accepted < proposed).then_some(accepted);
         let rate = accepted as f32 / proposed as f32;
         self.rate = (1.0 - WEIGHT) * self.rate + WEIGHT * rate;
         if self.rate < MIN_RATE {

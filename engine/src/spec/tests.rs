@@ -175,3 +175,19 @@ fn proposer_names_parse() {
     assert_eq!("draft".parse::<ProposerKind>(), Ok(ProposerKind::SelfDraft));
     assert!("medusa".parse::<ProposerKind>().is_err());
 }
+
+#[test]
+fn a_rejection_shortens_the_next_draft_until_one_is_kept_whole() {
+    let mut a = Acceptance::default();
+    assert_eq!(a.draft_len(3), 3);
+    a.record(3, 1);
+    assert_eq!(
+        a.draft_len(3),
+        2,
+        "one more than the last verification kept"
+    );
+    a.record(2, 2);
+    assert_eq!(a.draft_len(3), 3, "a draft kept whole restores the limit");
+    a.record(3, 0);
+    assert_eq!(a.draft_len(3), 1);
+}

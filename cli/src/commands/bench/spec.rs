@@ -237,12 +237,15 @@ impl BackendTask for SpecBench<'_> {
         // sums[run][class][setting]
         let mut sums = vec![[[Sum::default(); 3]; 2]; a.runs];
         let mut outputs: Vec<[Vec<u32>; 3]> = vec![Default::default(); CASES.len()];
+        // The warm-up run's figures per case, for the per-case table.
+        let mut first: Vec<[Run; 3]> = vec![Default::default(); CASES.len()];
         for run in 0..=a.runs {
             for (c, case) in CASES.iter().enumerate() {
                 for (k, &setting) in SETTINGS.iter().enumerate() {
                     let r = self.run_one(&model, &prompts[c], setting)?;
                     if run == 0 {
                         outputs[c][k] = r.tokens.clone();
+                        first[c][k] = r;
                     } else {
                         sums[run - 1][usize::from(!case.repetitive)][k].add(&r);
                     }
@@ -250,13 +253,28 @@ impl BackendTask for SpecBench<'_> {
             }
         }
         println!();
-        println!("| case | same output with n-gram | same output with self-draft |");
-        println!("|---|---|---|");
+        println!("| case | tokens | n-gram: same output, acceptance, tokens per pass | self-draft: same output, acceptance, tokens per pass |");
+        println!("|---|---|---|---|");
         let mut all_same = true;
         for (c, case) in CASES.iter().enumerate() {
             let same = |k: usize| outputs[c][k] == outputs[c][0];
             all_same &= same(1) && same(2);
-            println!("| {} | {} | {} |", case.name, yes(same(1)), yes(same(2)));
+            let cell = |k: usize| {
+                let r = &first[c][k];
+                let rate = match r.proposed {
+                    0 => "-".to_string(),
+                    p => format!("{:.0}%", 100.0 * r.accepted as f64 / p as f64),
+                };
+                let per_pass = (r.tokens.len() as f64 - 1.0) / r.decode_steps.max(1) as f64;
+                format!("{}, {rate}, {per_pass:.2}", yes(same(k)))
+            };
+            println!(
+                "| {} | {} | {} | {} |",
+                case.name,
+                outputs[c][0].len(),
+                cell(1),
+                cell(2)
+            );
         }
         for (class, label) in [
             "repetitive (list, schedule, code, quote)",
