@@ -105,14 +105,15 @@ impl GenerateArgs {
 }
 
 impl Generate<'_> {
-    /// Generates through the engine with speculative decoding (one request).
+    /// Generates through the engine with speculative decoding (one request); returns the
+    /// tokens and a line of its figures.
     fn speculate<B: EngineBackend>(
         &self,
         model: &LlamaModel<B>,
         prompt: Vec<u32>,
         params: &GenerateParams,
         mut on_token: impl FnMut(u32) -> bool,
-    ) -> Result<Vec<u32>> {
+    ) -> Result<(Vec<u32>, String)> {
         let capacity = self
             .args
             .kv
@@ -147,13 +148,15 @@ impl Generate<'_> {
             }
         }
         let s = engine.spec_stats;
-        tracing::info!(
-            proposed = s.proposed,
-            accepted = s.accepted,
-            steps = engine.steps,
-            "speculative decoding"
+        let summary = format!(
+            "speculative decoding: {} tokens in {} forward passes; {} drafted, {} accepted ({:.0}%)",
+            ids.len(),
+            engine.steps,
+            s.proposed,
+            s.accepted,
+            100.0 * s.acceptance_rate()
         );
-        Ok(ids)
+        Ok((ids, summary))
     }
 }
 
@@ -181,11 +184,14 @@ impl BackendTask for Generate<'_> {
             }
             true
         };
+        let mut summary = None;
         let ids = if self.args.spec.spec.is_some() {
             if self.args.kv.contiguous_kv {
                 anyhow::bail!("--spec needs the paged KV cache (drop --contiguous-kv)");
             }
-            self.speculate(&model, prompt.clone(), &params, on_token)?
+            let (ids, line) = self.speculate(&model, prompt.clone(), &params, on_token)?;
+            summary = Some(line);
+            ids
         } else if self.args.kv.contiguous_kv {
             generate_in(&model, &mut model.new_cache(), &prompt, &params, on_token)?
         } else {
@@ -206,6 +212,9 @@ impl BackendTask for Generate<'_> {
             writeln!(stdout, "{out}")?;
         } else {
             writeln!(stdout, "{}", stream.finish())?;
+        }
+        if let Some(line) = summary {
+            eprintln!("{line}");
         }
         Ok(())
     }

@@ -215,3 +215,47 @@ fn kv_flags_and_a_too_small_pool() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--kv-recent"));
 }
+
+/// `generate --spec` gives the tokens of plain `generate`, greedy and seeded, and says on
+/// stderr how many drafted tokens were accepted; it refuses the contiguous cache.
+#[test]
+fn generate_with_speculation_gives_the_same_tokens() {
+    let model = model();
+    let prompt = "red, green, blue, red, green, blue, red,";
+    for sampling in [
+        &[][..],
+        &["--temperature", "0.8", "--top-k", "20", "--seed", "5"],
+    ] {
+        let run = |spec: &[&str]| {
+            let mut args = vec!["generate", "--json", "--backend", "cpu", "--model", &model];
+            args.extend(["--max-tokens", "24", prompt]);
+            args.extend(sampling);
+            args.extend(spec);
+            fornax(&args)
+        };
+        let plain = json_out(&run(&[]));
+        for proposer in ["ngram", "draft"] {
+            let out = run(&["--spec", proposer]);
+            assert_eq!(
+                json_out(&out)["generated_ids"],
+                plain["generated_ids"],
+                "{proposer} {sampling:?}"
+            );
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("accepted"), "{err}");
+        }
+    }
+    let out = fornax(&[
+        "generate",
+        "--backend",
+        "cpu",
+        "--model",
+        &model,
+        "--spec",
+        "ngram",
+        "--contiguous-kv",
+        "x",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--spec needs the paged KV cache"));
+}
