@@ -816,9 +816,11 @@ fn a_client_that_disconnects_mid_stream_is_cancelled_and_its_blocks_return() {
 fn a_full_queue_is_refused_at_once_with_503() {
     let server = Server::start(&["--max-queue", "1", "--max-batch", "1"]);
     // A runs (the only batch slot); B waits for its first token (the only queue place).
+    // A is long (several seconds at the CPU backend's speed) so that it is still running
+    // when B and C arrive on a loaded machine; it is cancelled at the end.
     let mut running = server.stream(
         "/v1/completions",
-        &completion("Once upon a time", 300, true),
+        &completion("Once upon a time", 2000, true),
     );
     assert!(running.next().is_some());
     let waiting = server.stream("/v1/completions", &completion("Long ago", 4, true));
