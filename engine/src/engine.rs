@@ -259,7 +259,6 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                     self.spec_stats.proposed += s.drafted as u64;
                     self.spec_stats.accepted += *accepted as u64;
                     self.spec_stats.verifications += 1;
-                    self.spec_stats.emitted += taken as u64;
                     // The rejected drafted tokens' keys and values are taken back.
                     let len = self.kv.len(s.seq)? - (s.drafted - accepted);
                     self.kv.truncate(s.seq, len)?;

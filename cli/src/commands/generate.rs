@@ -186,9 +186,6 @@ impl BackendTask for Generate<'_> {
         };
         let mut summary = None;
         let ids = if self.args.spec.spec.is_some() {
-            if self.args.kv.contiguous_kv {
-                anyhow::bail!("--spec needs the paged KV cache (drop --contiguous-kv)");
-            }
             let (ids, line) = self.speculate(&model, prompt.clone(), &params, on_token)?;
             summary = Some(line);
             ids
@@ -221,6 +218,9 @@ impl BackendTask for Generate<'_> {
 }
 
 pub fn run(args: GenerateArgs) -> Result<()> {
+    if args.spec.spec.is_some() && args.kv.contiguous_kv {
+        anyhow::bail!("--spec needs the paged KV cache (drop --contiguous-kv)");
+    }
     let file = args.model.open()?;
     let gguf = parse(&file)?;
     let tok = tokenizer(&gguf)?;

@@ -383,25 +383,26 @@ impl BlockPool {
     /// Records `count` tokens written after the current end of `id`, and converts the
     /// blocks that aged out of their tier. Returns the conversions the device must copy.
     pub fn advance(&mut self, id: SeqId, count: usize) -> Result<Vec<Move>, KvError> {
-        let seq = self.seqs.get_mut(&id).ok_or(KvError::UnknownSequence(id))?;
-        assert!(
-            seq.stored() + count <= seq.blocks.len() * BLOCK_TOKENS,
-            "advance past reserve"
-        );
-        seq.len += count;
+        self.extend(id, count)?;
         Ok(self.age(id))
     }
 
     /// Records `count` tokens written after the current end of `id` that may still be
     /// taken back ([`Self::truncate`]): no block ages until [`Self::settle`].
     pub fn advance_tentative(&mut self, id: SeqId, count: usize) -> Result<(), KvError> {
+        self.extend(id, count)?;
+        self.refill(id);
+        Ok(())
+    }
+
+    /// Moves `id`'s end `count` tokens on, within the blocks reserved for it.
+    fn extend(&mut self, id: SeqId, count: usize) -> Result<(), KvError> {
         let seq = self.seqs.get_mut(&id).ok_or(KvError::UnknownSequence(id))?;
         assert!(
             seq.stored() + count <= seq.blocks.len() * BLOCK_TOKENS,
             "advance past reserve"
         );
         seq.len += count;
-        self.refill(id);
         Ok(())
     }
 

@@ -61,9 +61,4 @@ impl Acceptance {
             self.next_pause = FIRST_PAUSE;
         }
     }
-
-    /// Whether the request is pausing.
-    pub fn paused(&self) -> bool {
-        self.pause > 0
-    }
 }

@@ -108,8 +108,6 @@ pub struct SpecStats {
     pub accepted: u64,
     /// Verifications (a request's drafted tokens scored in one step).
     pub verifications: u64,
-    /// Tokens emitted by verifications (accepted plus the model's own).
-    pub emitted: u64,
 }
 
 impl SpecStats {

@@ -236,15 +236,13 @@ impl BackendTask for SpecBench<'_> {
         );
         // sums[run][class][setting]
         let mut sums = vec![[[Sum::default(); 3]; 2]; a.runs];
-        let mut outputs: Vec<[Vec<u32>; 3]> = vec![Default::default(); CASES.len()];
-        // The warm-up run's figures per case, for the per-case table.
+        // The warm-up run's figures per case: the tokens compared and the per-case table.
         let mut first: Vec<[Run; 3]> = vec![Default::default(); CASES.len()];
         for run in 0..=a.runs {
             for (c, case) in CASES.iter().enumerate() {
                 for (k, &setting) in SETTINGS.iter().enumerate() {
                     let r = self.run_one(&model, &prompts[c], setting)?;
                     if run == 0 {
-                        outputs[c][k] = r.tokens.clone();
                         first[c][k] = r;
                     } else {
                         sums[run - 1][usize::from(!case.repetitive)][k].add(&r);
@@ -257,7 +255,7 @@ impl BackendTask for SpecBench<'_> {
         println!("|---|---|---|---|");
         let mut all_same = true;
         for (c, case) in CASES.iter().enumerate() {
-            let same = |k: usize| outputs[c][k] == outputs[c][0];
+            let same = |k: usize| first[c][k].tokens == first[c][0].tokens;
             all_same &= same(1) && same(2);
             let cell = |k: usize| {
                 let r = &first[c][k];
@@ -271,7 +269,7 @@ impl BackendTask for SpecBench<'_> {
             println!(
                 "| {} | {} | {} | {} |",
                 case.name,
-                outputs[c][0].len(),
+                first[c][0].tokens.len(),
                 cell(1),
                 cell(2)
             );
