@@ -11,23 +11,11 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 ROUNDS="${ROUNDS:-3}"
 THREADS="${THREADS:-$(nproc)}"
-CACHE="${FORNAX_HOME:-$HOME/.cache/fornax}"
-PEER="$CACHE/llama.cpp"
 
 cargo build --release -q -p fornax
 FORNAX=target/release/fornax
 MODEL="${1:-$($FORNAX fetch)}"
-
-if [ ! -d "$PEER/node_modules/node-llama-cpp" ]; then
-    command -v npm >/dev/null || { echo "bench-peer: npm is needed (apt-get install npm)" >&2; exit 1; }
-    echo "bench-peer: installing node-llama-cpp@3.21.1 into $PEER" >&2
-    mkdir -p "$PEER"
-    # --ignore-scripts: its postinstall would offer to build llama.cpp; the prebuilt
-    # binaries come inside the package.
-    npm install --prefix "$PEER" --no-audit --no-fund --ignore-scripts node-llama-cpp@3.21.1 >&2
-fi
-# ES modules resolve packages next to the script, so it runs from the package's folder.
-cp scripts/peer/llama-case.mjs "$PEER/"
+source scripts/peer/install.sh
 
 # name | prompt tokens | decoded tokens | sequences | figure
 CASES=(

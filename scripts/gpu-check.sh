@@ -6,8 +6,8 @@
 # (`--dequantize`; the default keeps Q4_1/Q8_0 weights quantized for our matmul kernels),
 # `bench single` (the fused kernels, the same quantized weights operation by operation and
 # FP32 weights side by side, with dispatches and syncs per decoded token), the aggregate
-# decode rate of 64 sequences (`bench case`, fused and `--reference-ops`), `bench kv` and
-# `bench load`.
+# decode rate of 64 sequences (`bench case`, fused and `--reference-ops`), `bench kv`,
+# `bench load` and `bench table` (before/after at GPU sizes, plots in OUT_DIR/bench).
 # Usage: scripts/gpu-check.sh FORNAX_BINARY MODEL.gguf [OUT_DIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,3 +46,7 @@ PY
 "$bin" bench case --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --sequences 64 --reference-ops
 "$bin" bench kv --backend cuda --model "$model" --text "$ref/ppl_text.txt" --steps 32
 "$bin" bench load --backend cuda --model "$model" --text "$ref/ppl_text.txt" --requests 64
+# The before/after table at GPU sizes (128 chats on CUDA by default; no llama.cpp peer
+# here: the machine has no npm); the plots go to $out/bench.
+"$bin" bench table --backend cuda --model "$model" --output-tokens 32 96 --timeout-s 30 \
+    --sweep 0.4 1.0 --plots "$out/bench"

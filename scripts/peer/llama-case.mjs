@@ -5,7 +5,7 @@
 // into one llama_decode per step).
 //
 // usage: node llama-case.mjs MODEL THREADS PROMPT_TOKENS GEN_TOKENS SEQUENCES
-import { getLlama, LlamaLogLevel } from "node-llama-cpp";
+import { loadCpuModel } from "./llama.mjs";
 
 const [modelPath, threadsArg, promptArg, genArg, seqArg] = process.argv.slice(2);
 const threads = Number(threadsArg);
@@ -17,14 +17,7 @@ if (!modelPath || !(threads > 0 && promptTokens > 0 && genTokens > 0 && sequence
     process.exit(2);
 }
 
-const llama = await getLlama({
-    gpu: false,
-    build: "never",
-    skipDownload: true,
-    maxThreads: threads,
-    logLevel: LlamaLogLevel.error,
-});
-const model = await llama.loadModel({ modelPath, gpuLayers: 0 });
+const { llama, model } = await loadCpuModel(modelPath, threads);
 const context = await model.createContext({
     sequences,
     contextSize: sequences * (promptTokens + genTokens + 32),

@@ -58,12 +58,16 @@ impl ModelArgs {
     /// Runs `task` on the chosen backend, with the CPU thread count asked for (default:
     /// the available parallelism), this thread being one of the CPU backend's threads.
     pub fn run_on<T: BackendTask>(&self, task: T) -> Result<T::Output> {
-        let threads = self.threads.map_or_else(
+        fornax_backends::set_cpu_threads(self.cpu_threads())?;
+        Ok(fornax_backends::run_on(self.backend, task)?)
+    }
+
+    /// The CPU thread count asked for, else the available parallelism.
+    pub fn cpu_threads(&self) -> usize {
+        self.threads.map_or_else(
             || std::thread::available_parallelism().map_or(1, |n| n.get()),
             |n| n as usize,
-        );
-        fornax_backends::set_cpu_threads(threads)?;
-        Ok(fornax_backends::run_on(self.backend, task)?)
+        )
     }
 
     /// How to load the weights.

@@ -39,6 +39,14 @@ impl KvStats {
         ratio(self.blocks_used, self.blocks_total)
     }
 
+    /// Device bytes of the used blocks, each at its tier's size.
+    pub fn bytes_used(&self, dims: super::KvDims) -> usize {
+        super::Tier::ALL
+            .iter()
+            .map(|&t| self.blocks_used_by_tier[t.index()] * dims.block_bytes(t))
+            .sum()
+    }
+
     /// Unused slots over the slots of used blocks.
     pub fn waste(&self) -> f64 {
         ratio(self.waste_slots, self.blocks_used * super::BLOCK_TOKENS)

@@ -90,6 +90,15 @@ fn aged_blocks_convert_once_and_free_their_fp32_slot() {
     let st = p.stats();
     assert_eq!(st.blocks_used_by_tier, [3, 4, 0]);
     assert_eq!(st.conversions, 4);
+    // Bytes in use count each block at its tier's size: FP16 blocks take about half.
+    let dims = KvDims {
+        n_layers: 2,
+        n_kv_heads: 3,
+        head_dim: 64,
+    };
+    let f32_block = 2 * 2 * 32 * 3 * 64 * 4;
+    let f16_block = 2 * 2 * (32 * 3 * 32 + 3) * 4;
+    assert_eq!(st.bytes_used(dims), 3 * f32_block + 4 * f16_block);
     assert_eq!(moves.len(), 4);
     assert!(moves
         .iter()

@@ -56,10 +56,11 @@ pub struct LoadArgs {
 /// One request of the workload.
 #[derive(Debug, Clone)]
 pub(super) struct Job {
-    arrival: f64,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-    qos: u8,
+    /// Seconds from the start of the load.
+    pub arrival: f64,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub qos: u8,
 }
 
 /// How requests are admitted.
@@ -74,7 +75,7 @@ pub(super) enum Mode {
 }
 
 impl Mode {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Mode::Single => "(a) one at a time",
             Mode::Static => "(b) static batches, time window",
@@ -86,14 +87,20 @@ impl Mode {
 /// Figures of one run.
 #[derive(Debug, Default)]
 pub(super) struct Figures {
+    /// Tokens generated for requests that completed.
     pub generated: usize,
     pub makespan: f64,
+    /// Seconds spent in forward passes.
     pub busy: f64,
     pub ttft: Vec<f64>,
     /// Time to first token per QoS class.
     pub ttft_by_qos: [Vec<f64>; 4],
+    /// End-to-end latency of each completed request.
     pub e2e: Vec<f64>,
+    /// Requests that did not complete: refused, given up after the timeout, or failed.
     pub failed: usize,
+    /// Peak bytes of KV cache in use.
+    pub peak_kv_bytes: usize,
     pub preemptions: u64,
     /// Tokens run through the model (recomputation after preemption included).
     pub computed: u64,
@@ -105,6 +112,11 @@ impl Figures {
     /// Generated tokens per minute.
     pub fn tokens_per_min(&self) -> f64 {
         self.generated as f64 / self.makespan * 60.0
+    }
+
+    /// The fraction of the run spent in forward passes.
+    pub fn busy_fraction(&self) -> f64 {
+        self.busy / self.makespan
     }
 }
 
@@ -172,111 +184,161 @@ impl LoadBench<'_> {
         jobs: &[Job],
         mode: Mode,
         policy: PolicyKind,
-        mut config: SchedulerConfig,
+        config: SchedulerConfig,
     ) -> Result<Figures> {
-        let a = self.args;
-        if mode == Mode::Single {
-            config.max_batch = 1;
-        }
-        let policy = match mode {
-            Mode::Continuous => policy,
-            _ => PolicyKind::Fcfs,
+        let serving = Serving {
+            sched: &self.args.sched,
+            kv: &self.args.kv,
+            mode,
+            policy,
+            config,
+            timeout: None,
         };
-        let capacity = a.kv.capacity(model.kv_dims(), config.max_batch, 256)?;
-        let kv = model.new_paged_cache(capacity, a.kv.policy());
-        let mut engine = a.sched.engine_with(model, kv, config, policy);
-        let window = a.sched.window_s();
-        let mut f = Figures::default();
-        let mut now = 0.0f64;
-        let mut next = 0;
-        let mut live: HashMap<RequestId, (usize, bool)> = HashMap::new();
-        let start = jobs.first().map_or(0.0, |j| j.arrival);
-        while next < jobs.len() || !engine.is_idle() {
-            // Admission.
-            let idle = engine.is_idle();
-            let arrived = jobs[next..].iter().take_while(|j| j.arrival <= now).count();
-            let admit = match mode {
-                Mode::Single | Mode::Static if !idle => 0,
-                Mode::Single => arrived.min(1),
-                Mode::Static | Mode::Continuous if idle => {
-                    let gathered = arrived > 0 && now >= jobs[next].arrival + window;
-                    let full = arrived >= config.max_batch;
-                    if gathered || full {
-                        arrived.min(config.max_batch)
-                    } else {
-                        0
-                    }
+        serve_jobs(model, jobs, &serving)
+    }
+}
+
+/// How a workload is served by the engine.
+pub(super) struct Serving<'a> {
+    pub sched: &'a SchedArgs,
+    pub kv: &'a KvArgs,
+    pub mode: Mode,
+    pub policy: PolicyKind,
+    pub config: SchedulerConfig,
+    /// Seconds after its arrival at which a request is given up (a client's timeout).
+    pub timeout: Option<f64>,
+}
+
+/// Serves `jobs` on a fresh engine, with time measured as the module's doc says.
+pub(super) fn serve_jobs<B: EngineBackend>(
+    model: &LlamaModel<B>,
+    jobs: &[Job],
+    s: &Serving<'_>,
+) -> Result<Figures> {
+    let mut config = s.config;
+    if s.mode == Mode::Single {
+        config.max_batch = 1;
+    }
+    let policy = match s.mode {
+        Mode::Continuous => s.policy,
+        _ => PolicyKind::Fcfs,
+    };
+    let mode = s.mode;
+    let capacity = s.kv.capacity(model.kv_dims(), config.max_batch, 256)?;
+    let kv = model.new_paged_cache(capacity, s.kv.policy());
+    let mut engine = s.sched.engine_with(model, kv, config, policy);
+    let window = s.sched.window_s();
+    let timeout = s.timeout.unwrap_or(f64::INFINITY);
+    let mut f = Figures::default();
+    let mut now = 0.0f64;
+    let mut next = 0;
+    // Each request in flight: its job, and the tokens it has received.
+    let mut live: HashMap<RequestId, (usize, usize)> = HashMap::new();
+    let start = jobs.first().map_or(0.0, |j| j.arrival);
+    while next < jobs.len() || !engine.is_idle() {
+        // Requests still queued past their timeout are given up by their clients.
+        while next < jobs.len() && now - jobs[next].arrival > timeout {
+            f.failed += 1;
+            next += 1;
+        }
+        // Admission.
+        let idle = engine.is_idle();
+        let arrived = jobs[next..].iter().take_while(|j| j.arrival <= now).count();
+        let admit = match mode {
+            Mode::Single | Mode::Static if !idle => 0,
+            Mode::Single => arrived.min(1),
+            Mode::Static | Mode::Continuous if idle => {
+                let gathered = arrived > 0 && now >= jobs[next].arrival + window;
+                let full = arrived >= config.max_batch;
+                if gathered || full {
+                    arrived.min(config.max_batch)
+                } else {
+                    0
                 }
-                Mode::Static | Mode::Continuous => arrived,
-            };
-            for j in &jobs[next..next + admit] {
-                let req = Request {
-                    prompt: j.prompt.clone(),
-                    max_tokens: j.max_tokens,
-                    qos: j.qos,
-                    sampling: SamplingParams::greedy(),
-                    stop_ids: vec![],
-                };
-                match engine.submit(req) {
-                    Ok(id) => {
-                        live.insert(id, (next, false));
-                    }
-                    Err(_) => f.failed += 1,
-                }
-                next += 1;
             }
-            if engine.is_idle() {
-                // Nothing to run: jump to when the next admission happens (the window
-                // closes, or enough requests arrived to fill a batch).
-                if next < jobs.len() {
-                    let mut at = jobs[next].arrival;
-                    if mode != Mode::Single {
-                        at += window;
-                        if let Some(j) = jobs.get(next + config.max_batch - 1) {
-                            at = at.min(j.arrival);
-                        }
-                    }
-                    now = now.max(at);
-                }
-                continue;
-            }
-            let t = Instant::now();
-            let events = match engine.step() {
-                Ok(e) => e,
-                Err(e) => {
-                    eprintln!("step failed: {e}");
-                    f.failed += engine.sched.len();
-                    break;
-                }
+            Mode::Static | Mode::Continuous => arrived,
+        };
+        for j in &jobs[next..next + admit] {
+            let req = Request {
+                prompt: j.prompt.clone(),
+                max_tokens: j.max_tokens,
+                qos: j.qos,
+                sampling: SamplingParams::greedy(),
+                stop_ids: vec![],
             };
-            let dt = t.elapsed().as_secs_f64();
-            now += dt;
-            f.busy += dt;
-            for e in events {
-                match e {
-                    Event::Token { id, .. } => {
-                        f.generated += 1;
-                        let (j, seen) = live.get_mut(&id).expect("live request");
-                        if !*seen {
-                            *seen = true;
-                            let ttft = now - jobs[*j].arrival;
-                            f.ttft.push(ttft);
-                            f.ttft_by_qos[jobs[*j].qos as usize].push(ttft);
-                        }
+            match engine.submit(req) {
+                Ok(id) => {
+                    live.insert(id, (next, 0));
+                }
+                Err(_) => f.failed += 1,
+            }
+            next += 1;
+        }
+        if engine.is_idle() {
+            // Nothing to run: jump to when the next admission happens (the window
+            // closes, or enough requests arrived to fill a batch).
+            if next < jobs.len() {
+                let mut at = jobs[next].arrival;
+                if mode != Mode::Single {
+                    at += window;
+                    if let Some(j) = jobs.get(next + config.max_batch - 1) {
+                        at = at.min(j.arrival);
                     }
-                    Event::Finished { id, .. } => {
-                        let (j, _) = live.remove(&id).expect("live request");
-                        f.e2e.push(now - jobs[j].arrival);
+                }
+                now = now.max(at);
+            }
+            continue;
+        }
+        let t = Instant::now();
+        let events = match engine.step() {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("step failed: {e}");
+                f.failed += engine.sched.len();
+                break;
+            }
+        };
+        let dt = t.elapsed().as_secs_f64();
+        now += dt;
+        f.busy += dt;
+        f.peak_kv_bytes = f
+            .peak_kv_bytes
+            .max(engine.kv_stats().bytes_used(model.kv_dims()));
+        for e in events {
+            match e {
+                Event::Token { id, .. } => {
+                    let (j, received) = live.get_mut(&id).expect("live request");
+                    *received += 1;
+                    if *received == 1 {
+                        let ttft = now - jobs[*j].arrival;
+                        f.ttft.push(ttft);
+                        f.ttft_by_qos[jobs[*j].qos as usize].push(ttft);
                     }
+                }
+                Event::Finished { id, .. } => {
+                    let (j, received) = live.remove(&id).expect("live request");
+                    f.e2e.push(now - jobs[j].arrival);
+                    f.generated += received;
                 }
             }
         }
-        f.makespan = now - start;
-        f.preemptions = engine.sched.preemptions;
-        f.computed = engine.tokens_computed;
-        f.kv = engine.kv_stats();
-        Ok(f)
+        // Requests in flight past their timeout: the client hangs up, the engine cancels.
+        let expired: Vec<RequestId> = live
+            .iter()
+            .filter(|(_, &(j, _))| now - jobs[j].arrival > timeout)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in expired {
+            engine.cancel(id);
+            live.remove(&id);
+            f.failed += 1;
+        }
     }
+    f.makespan = now - start;
+    f.preemptions = engine.sched.preemptions;
+    f.computed = engine.tokens_computed;
+    f.kv = engine.kv_stats();
+    Ok(f)
 }
 
 impl BackendTask for LoadBench<'_> {
@@ -284,14 +346,8 @@ impl BackendTask for LoadBench<'_> {
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
         let a = self.args;
-        anyhow::ensure!(
-            a.prompt_tokens[0] >= 1 && a.prompt_tokens[0] <= a.prompt_tokens[1],
-            "--prompt-tokens takes MIN MAX"
-        );
-        anyhow::ensure!(
-            a.output_tokens[0] >= 1 && a.output_tokens[0] <= a.output_tokens[1],
-            "--output-tokens takes MIN MAX"
-        );
+        super::token_range(&a.prompt_tokens, "--prompt-tokens")?;
+        super::token_range(&a.output_tokens, "--output-tokens")?;
         let model = load_model::<B>(self.gguf, &device, a.model.load_options())?;
         let text = read_text(&a.text, self.gguf)?;
         anyhow::ensure!(text.len() > a.prompt_tokens[1], "the text is too short");
@@ -331,7 +387,7 @@ impl BackendTask for LoadBench<'_> {
                 percentile(&f.ttft, 0.99),
                 percentile(&f.e2e, 0.5),
                 percentile(&f.e2e, 0.99),
-                f.busy / f.makespan * 100.0,
+                f.busy_fraction() * 100.0,
                 f.failed,
                 f.preemptions
             );

@@ -6,6 +6,7 @@ mod load;
 mod prefix;
 mod single;
 mod spec;
+mod table;
 mod window;
 
 use anyhow::Result;
@@ -27,6 +28,9 @@ pub enum BenchCommand {
     /// Speculative decoding off, with n-gram drafts and with the self-draft, on repetitive
     /// and free text.
     Spec(spec::SpecBenchArgs),
+    /// The seed's A/B table: before, after and llama.cpp on one customer-service workload,
+    /// with SVG plots (latency CDF, throughput against offered load).
+    Table(table::TableArgs),
     /// The elastic KV window off and on: perplexity at W(B), and a burst under KV pressure.
     Window(window::WindowBenchArgs),
 }
@@ -39,7 +43,16 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Load(args) => load::run(args),
         BenchCommand::Prefix(args) => prefix::run(args),
         BenchCommand::Spec(args) => spec::run(args),
+        BenchCommand::Table(args) => table::run(args),
         BenchCommand::Window(args) => window::run(args),
+    }
+}
+
+/// Checks a `MIN MAX` token range flag: `1 <= MIN <= MAX`.
+fn token_range(range: &[usize], flag: &str) -> Result<[usize; 2]> {
+    match range {
+        &[lo, hi] if lo >= 1 && lo <= hi => Ok([lo, hi]),
+        _ => anyhow::bail!("{flag} takes MIN MAX, 1 <= MIN <= MAX"),
     }
 }
 
