@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use anyhow::{anyhow, Result};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 /// One engine's curve.
@@ -40,13 +41,8 @@ pub fn latency_cdf(path: &Path, title: &str, series: &[Series<'_>]) -> Result<()
         _ => 0.1,
     };
     let hi = xs.fold(0.0, f64::max).max(lo * 10.0);
-    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_error)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
+    let root = canvas(path)?;
+    let mut chart = frame(&root, title)
         .build_cartesian_2d((lo / 1.5..hi * 1.5).log_scale(), 0.0..1.0)
         .map_err(plot_error)?;
     chart
@@ -66,13 +62,8 @@ pub fn throughput_vs_load(path: &Path, title: &str, series: &[Series<'_>]) -> Re
     let points = series.iter().flat_map(|s| s.points.iter());
     let x_hi = points.clone().map(|p| p.0).fold(0.0, f64::max) * 1.05;
     let y_hi = points.map(|p| p.1).fold(0.0, f64::max) * 1.1;
-    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_error)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
+    let root = canvas(path)?;
+    let mut chart = frame(&root, title)
         .build_cartesian_2d(0.0..x_hi.max(1.0), 0.0..y_hi.max(1.0))
         .map_err(plot_error)?;
     chart
@@ -87,6 +78,27 @@ pub fn throughput_vs_load(path: &Path, title: &str, series: &[Series<'_>]) -> Re
     legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(plot_error)?;
     Ok(())
+}
+
+/// An 800 x 500 white SVG canvas at `path`.
+fn canvas(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>> {
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_error)?;
+    Ok(root)
+}
+
+/// A chart on `root` with its title and room for the axis labels.
+fn frame<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(70);
+    builder
 }
 
 /// Draws each series as a labelled line in its colour, with a dot at each point when
