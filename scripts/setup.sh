@@ -7,6 +7,11 @@ set -euo pipefail
 missing=()
 compgen -G "/usr/share/vulkan/icd.d/*.json" >/dev/null || missing+=(mesa-vulkan-drivers)
 ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1' || missing+=(libvulkan1)
+# The tests of the shared KV tier start a redis-server of their own (FORNAX_SETUP_TESTS=1
+# from scripts/test.sh); `fornax serve` itself needs none.
+if [ "${FORNAX_SETUP_TESTS:-0}" = 1 ]; then
+    command -v redis-server >/dev/null || missing+=(redis-server)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
     sudo=""

@@ -6,7 +6,7 @@
 # how long each phase took, also when a phase fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/setup.sh
+FORNAX_SETUP_TESTS=1 source scripts/setup.sh
 
 mkdir -p target
 started=$SECONDS

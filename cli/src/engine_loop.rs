@@ -4,13 +4,16 @@
 //! figures go to the metrics recorder (if one is installed) as they change.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fornax_engine::kv::{BlockValues, BLOCK_TOKENS};
 use fornax_engine::sched::{FinishReason, RequestId, SubmitError};
 use fornax_engine::{Engine, EngineBackend, Event, Request};
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::kv_remote::RemoteTier;
 use crate::server::telemetry::record_engine;
 
 /// Where a request's updates go (readable from async code and, with `blocking_recv`,
@@ -40,6 +43,26 @@ pub enum Update {
     Failed(String),
 }
 
+/// A request back from the shared tier: the blocks found from full block `first` on.
+struct Looked {
+    request: Request,
+    updates: Updates,
+    first: usize,
+    blocks: Vec<BlockValues>,
+}
+
+/// Lookups in the shared tier: requests whose prompts this engine does not hold are asked
+/// for there (on the tier's thread) before they are submitted; the engine never waits.
+struct Lookups {
+    tier: Arc<RemoteTier>,
+    done: Sender<Looked>,
+    found: Receiver<Looked>,
+    pending: usize,
+}
+
+/// How often an idle engine with lookups in flight checks for them.
+const LOOKUP_POLL: Duration = Duration::from_millis(2);
+
 /// Runs `engine` until `commands` is closed and every request is done. A request whose
 /// client has gone (its update channel closed) is cancelled at its next token.
 pub fn run_engine<B: EngineBackend>(
@@ -47,21 +70,64 @@ pub fn run_engine<B: EngineBackend>(
     commands: &Receiver<Command>,
     window: Duration,
 ) {
+    run_engine_with(engine, commands, window, None);
+}
+
+/// [`run_engine`] with a shared KV tier: prompts are looked up there when the engine
+/// holds fewer of their blocks, and every full block the engine indexes is written there.
+pub fn run_engine_with<B: EngineBackend>(
+    engine: &mut Engine<'_, B>,
+    commands: &Receiver<Command>,
+    window: Duration,
+    remote: Option<Arc<RemoteTier>>,
+) {
+    let mut lookups = remote.map(|tier| {
+        let (done, found) = channel();
+        engine.kv.pool.enable_publishing();
+        Lookups {
+            tier,
+            done,
+            found,
+            pending: 0,
+        }
+    });
     let mut clients: HashMap<RequestId, Updates> = HashMap::new();
     let mut open = true;
     loop {
         record_engine(engine, false);
+        if let Some(l) = lookups.as_mut() {
+            while let Ok(looked) = l.found.try_recv() {
+                l.pending -= 1;
+                submit_looked(engine, &mut clients, looked);
+            }
+        }
+        let waiting = lookups.as_ref().is_some_and(|l| l.pending > 0);
+        if engine.is_idle() && waiting {
+            // Wait for a command or a lookup, whichever comes first.
+            let l = lookups.as_mut().expect("waiting on lookups");
+            if open {
+                match commands.recv_timeout(LOOKUP_POLL) {
+                    Ok(c) => handle(engine, &mut clients, Some(l), c),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => open = false,
+                }
+            } else if let Ok(looked) = l.found.recv_timeout(LOOKUP_POLL) {
+                l.pending -= 1;
+                submit_looked(engine, &mut clients, looked);
+            }
+            continue;
+        }
         if engine.is_idle() {
             if !open {
                 return;
             }
             // Block for the first request, then gather for the window.
             let Ok(first) = commands.recv() else { return };
-            handle(engine, &mut clients, first);
+            handle(engine, &mut clients, lookups.as_mut(), first);
             let deadline = Instant::now() + window;
             while let Some(left) = deadline.checked_duration_since(Instant::now()) {
                 match commands.recv_timeout(left) {
-                    Ok(c) => handle(engine, &mut clients, c),
+                    Ok(c) => handle(engine, &mut clients, lookups.as_mut(), c),
                     Err(RecvTimeoutError::Timeout) => break,
                     Err(RecvTimeoutError::Disconnected) => {
                         open = false;
@@ -72,7 +138,7 @@ pub fn run_engine<B: EngineBackend>(
         } else {
             loop {
                 match commands.try_recv() {
-                    Ok(c) => handle(engine, &mut clients, c),
+                    Ok(c) => handle(engine, &mut clients, lookups.as_mut(), c),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => {
                         open = false;
@@ -86,6 +152,11 @@ pub fn run_engine<B: EngineBackend>(
         }
         let stepped = engine.step();
         record_engine(engine, true);
+        if let Some(l) = &lookups {
+            for (tokens, values) in engine.published.drain(..) {
+                l.tier.publish(tokens, values);
+            }
+        }
         match stepped {
             Ok(events) => {
                 for event in events {
@@ -120,24 +191,70 @@ pub fn run_engine<B: EngineBackend>(
 fn handle<B: EngineBackend>(
     engine: &mut Engine<'_, B>,
     clients: &mut HashMap<RequestId, Updates>,
+    lookups: Option<&mut Lookups>,
     command: Command,
 ) {
     match command {
-        Command::Submit { request, updates } => match engine.submit(request) {
-            Ok(id) => {
-                if updates.send(Update::Accepted(id)).is_ok() {
-                    clients.insert(id, updates);
-                } else {
-                    engine.cancel(id);
+        Command::Submit { request, updates } => {
+            if let Some(l) = lookups {
+                let held = engine.kv.pool.held_blocks(&request.prompt);
+                let full = request.prompt.len().saturating_sub(1) / BLOCK_TOKENS;
+                if held < full {
+                    // Not all here: ask the shared tier first, off this thread.
+                    let done = l.done.clone();
+                    let prompt = request.prompt.clone();
+                    l.pending += 1;
+                    l.tier.lookup_in_background(
+                        prompt,
+                        held,
+                        Box::new(move |blocks| {
+                            let looked = Looked {
+                                request,
+                                updates,
+                                first: held,
+                                blocks,
+                            };
+                            let _ = done.send(looked);
+                        }),
+                    );
+                    return;
                 }
             }
-            Err(e) => {
-                let _ = updates.send(Update::Rejected(e));
-            }
-        },
+            submit(engine, clients, request, updates);
+        }
         Command::Cancel(id) => {
             clients.remove(&id);
             engine.cancel(id);
+        }
+    }
+}
+
+/// Submits a request with what the shared tier found for it.
+fn submit_looked<B: EngineBackend>(
+    engine: &mut Engine<'_, B>,
+    clients: &mut HashMap<RequestId, Updates>,
+    looked: Looked,
+) {
+    engine.import_prefix(&looked.request.prompt, looked.first, looked.blocks);
+    submit(engine, clients, looked.request, looked.updates);
+}
+
+fn submit<B: EngineBackend>(
+    engine: &mut Engine<'_, B>,
+    clients: &mut HashMap<RequestId, Updates>,
+    request: Request,
+    updates: Updates,
+) {
+    match engine.submit(request) {
+        Ok(id) => {
+            if updates.send(Update::Accepted(id)).is_ok() {
+                clients.insert(id, updates);
+            } else {
+                engine.cancel(id);
+            }
+        }
+        Err(e) => {
+            let _ = updates.send(Update::Rejected(e));
         }
     }
 }

@@ -3,6 +3,7 @@
 //! that serves requests from a thread, and the OpenAI-compatible HTTP server.
 
 pub mod engine_loop;
+pub mod kv_remote;
 pub mod model_file;
 pub mod model_store;
 pub mod server;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use burn::tensor::{Int, Tensor, TensorData};
 
-use crate::kv::{KvStats, PagedKv};
+use crate::kv::{BlockValues, KvStats, PagedKv, BLOCK_TOKENS};
 use crate::model::{LlamaModel, Logits, ModelError, SeqTokens};
 use crate::sampling::{pick_rows, Sampler, SamplingParams};
 use crate::sched::{
@@ -65,6 +65,10 @@ pub struct Engine<'m, B: EngineBackend> {
     speculation: Option<Speculation<B>>,
     /// Speculation's counters.
     pub spec_stats: SpecStats,
+    /// Full blocks indexed by the steps so far (with publishing on, see
+    /// [`BlockPool::enable_publishing`](crate::kv::BlockPool::enable_publishing)): the
+    /// tokens up to each block's end and its values, for the caller to take.
+    pub published: Vec<(Vec<u32>, BlockValues)>,
 }
 
 impl<'m, B: EngineBackend> Engine<'m, B> {
@@ -89,6 +93,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             last_batch: (0, 0),
             speculation: None,
             spec_stats: SpecStats::default(),
+            published: Vec::new(),
         }
     }
 
@@ -219,6 +224,19 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 tokens: &s.tokens,
             })
             .collect();
+        // A step that completes a block gives the pool the sequence's ids, so its full
+        // blocks are indexed before they can age (prompts longer than the FP32 window).
+        if self.kv.pool.prefix_stats().is_some() {
+            for s in plan.batch.iter().filter(|s| s.drafted == 0) {
+                let Some(r) = self.sched.get(s.id) else {
+                    continue;
+                };
+                let end = r.computed + s.tokens.len();
+                if end / BLOCK_TOKENS > r.computed / BLOCK_TOKENS && end <= r.tokens.len() {
+                    self.kv.stage_tokens(s.seq, r.tokens[..end].to_vec());
+                }
+            }
+        }
         let speculating = plan.batch.iter().any(|s| s.drafted > 0);
         let logits = if speculating {
             for s in plan.batch.iter().filter(|s| s.drafted > 0) {
@@ -282,7 +300,20 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 events.push(Event::Finished { id: s.id, reason });
             }
         }
+        self.published.extend(self.kv.take_published());
         Ok(events)
+    }
+
+    /// Puts blocks of `prompt` brought from a tier shared with other engines (its full
+    /// blocks from block `first` on, in order, verified against its tokens) where
+    /// admitting it finds them: the host tier. Returns the blocks taken.
+    pub fn import_prefix(
+        &mut self,
+        prompt: &[u32],
+        first: usize,
+        blocks: Vec<BlockValues>,
+    ) -> usize {
+        self.kv.pool.import_to_host(prompt, first, blocks)
     }
 
     /// The sampled tokens of each scheduled request that samples, one per logits row it

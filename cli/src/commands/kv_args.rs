@@ -1,8 +1,15 @@
 //! Flags of the paged KV cache shared by the commands that run the model.
 
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
 use anyhow::{bail, Result};
 use clap::Args;
-use fornax_engine::kv::{KvCapacity, KvDims, TierPolicy, BLOCK_TOKENS};
+use fornax::kv_remote::{self, RemoteTier};
+use fornax_engine::kv::{HostTier, KvCapacity, KvDims, PagedKv, Tier, TierPolicy, BLOCK_TOKENS};
+use fornax_engine::model::LlamaModel;
+use fornax_engine::EngineBackend;
 
 /// KV cache settings.
 #[derive(Args, Debug, Clone)]
@@ -19,7 +26,23 @@ pub struct KvArgs {
     /// Use the foundation's contiguous per-sequence cache instead of the paged pool.
     #[arg(long)]
     pub contiguous_kv: bool,
+    /// Host memory in MiB for prefix-cache blocks that leave the device (evicted, aged,
+    /// or of preempted requests), brought back instead of recomputed; 0: off. For `serve`
+    /// and the load benchmarks; needs the prefix cache.
+    #[arg(long, default_value_t = 0)]
+    pub kv_host_memory: usize,
+    /// A Redis shared by replicas (`redis://HOST:PORT[/DB]`): full prefix blocks are
+    /// written there and prompts this server does not hold are looked up there (through
+    /// the host tier, 256 MiB unless --kv-host-memory says). For `serve`.
+    #[arg(long, value_name = "URL")]
+    pub kv_remote: Option<String>,
+    /// How long a call to the shared tier may take before it counts as a miss.
+    #[arg(long, default_value_t = 500)]
+    pub kv_remote_timeout_ms: u64,
 }
+
+/// Host memory of the host tier when only the shared tier is asked for, in MiB.
+const REMOTE_HOST_MEMORY: usize = 256;
 
 /// `--kv-recent`: a token count or everything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +65,40 @@ impl KvArgs {
             recent: self.kv_recent.0,
             int8_after: self.kv_int8_after,
         }
+    }
+
+    /// The paged pool for `model` with `capacity` slots, with the host tier when asked
+    /// for; refused when the tier is asked for without the prefix cache it extends.
+    pub fn paged<B: EngineBackend>(
+        &self,
+        model: &LlamaModel<B>,
+        capacity: KvCapacity,
+        prefix_cache: bool,
+    ) -> Result<PagedKv<B>> {
+        let mut kv = model.new_paged_cache(capacity, self.policy());
+        let host = match (self.kv_host_memory, &self.kv_remote) {
+            (0, Some(_)) => REMOTE_HOST_MEMORY,
+            (mib, _) => mib,
+        };
+        if host > 0 {
+            if !prefix_cache {
+                bail!("--kv-host-memory and --kv-remote keep prefix-cache blocks: they need the prefix cache (drop --no-prefix-cache)");
+            }
+            let block_bytes = model.kv_dims().block_bytes(Tier::F32);
+            kv.pool
+                .enable_host_tier(HostTier::new(host << 20, block_bytes));
+        }
+        Ok(kv)
+    }
+
+    /// The shared tier of `--kv-remote` for the model file at `path`, if asked for.
+    pub fn remote(&self, path: &Path, dims: KvDims) -> Result<Option<Arc<RemoteTier>>> {
+        let Some(url) = &self.kv_remote else {
+            return Ok(None);
+        };
+        let timeout = Duration::from_millis(self.kv_remote_timeout_ms.max(1));
+        let tier = RemoteTier::open(url, kv_remote::fingerprint(path, dims)?, dims, timeout)?;
+        Ok(Some(tier))
     }
 
     /// Pool slots from the budget, for `max_seqs` sequences prefilled `chunk` tokens at a

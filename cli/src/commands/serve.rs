@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fornax::engine_loop::run_engine;
+use fornax::engine_loop::run_engine_with;
 use fornax::server::access::Access;
 use fornax::server::keys::ApiKey;
 use fornax::server::limits::Queue;
@@ -79,6 +79,7 @@ pub struct ServeArgs {
 
 struct Serve<'a> {
     args: &'a ServeArgs,
+    path: PathBuf,
     gguf: &'a GgufFile<'a>,
     tokenizer: Arc<Tokenizer>,
     listener: TcpListener,
@@ -93,10 +94,9 @@ impl BackendTask for Serve<'_> {
         let a = self.args;
         let model = load_model::<B>(self.gguf, &device, a.model.load_options())?;
         let config = a.sched.config();
-        let kv = model.new_paged_cache(
-            a.kv.capacity(model.kv_dims(), config.max_batch, 256)?,
-            a.kv.policy(),
-        );
+        let capacity = a.kv.capacity(model.kv_dims(), config.max_batch, 256)?;
+        let kv = a.kv.paged(&model, capacity, !a.sched.no_prefix_cache)?;
+        let remote = a.kv.remote(&self.path, model.kv_dims())?;
         let mut engine = a.sched.engine(&model, kv);
         let context = model.config.max_seq_len;
         let stop_ids = self.tokenizer.stop_ids();
@@ -144,10 +144,11 @@ impl BackendTask for Serve<'_> {
                 })?;
         tracing::info!(model = %self.name, backend = %info.kind, adapter = %info.adapter, context, "model loaded");
         println!("fornax: serving {} on http://{addr}", self.name);
-        run_engine(
+        run_engine_with(
             &mut engine,
             &inbox,
             Duration::from_millis(a.sched.batch_window_ms),
+            remote,
         );
         engine_alive.store(false, Ordering::Release);
         let served = http
@@ -187,6 +188,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let tokenizer = Arc::new(tokenizer(&gguf)?);
     args.model.run_on(Serve {
         args: &args,
+        path: path.clone(),
         gguf: &gguf,
         tokenizer,
         listener,

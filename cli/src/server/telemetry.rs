@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 
+use crate::kv_remote::RemoteStats;
 use anyhow::{Context, Result};
 use fornax_engine::{Engine, EngineBackend};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -56,6 +57,31 @@ pub const KV_CACHED: &str = "fornax_kv_blocks_cached";
 pub const WINDOW_TRIMS: &str = "fornax_kv_window_trims_total";
 /// Tokens whose KV the elastic window dropped.
 pub const WINDOW_DROPPED: &str = "fornax_kv_window_dropped_tokens_total";
+/// Prefix blocks copied into the host-memory tier as they left the device.
+pub const HOST_STORED: &str = "fornax_kv_host_stored_blocks_total";
+/// Blocks brought back from the host-memory tier instead of recomputed.
+pub const HOST_RESTORED: &str = "fornax_kv_host_restored_blocks_total";
+/// Blocks dropped from the host-memory tier to make room.
+pub const HOST_DROPPED: &str = "fornax_kv_host_dropped_blocks_total";
+/// Bytes of blocks held in the host-memory tier.
+pub const HOST_BYTES: &str = "fornax_kv_host_bytes";
+/// Tokens preempted requests computed again.
+pub const RECOMPUTED: &str = "fornax_preemption_recomputed_tokens_total";
+/// Requests looked up in the shared KV tier.
+pub const REMOTE_LOOKUPS: &str = "fornax_kv_remote_lookups_total";
+/// Blocks found and verified in the shared KV tier.
+pub const REMOTE_HITS: &str = "fornax_kv_remote_hit_blocks_total";
+/// Lookups that found no block.
+pub const REMOTE_MISSES: &str = "fornax_kv_remote_misses_total";
+/// Values in the shared tier that did not verify (another model, other tokens, truncated).
+pub const REMOTE_REJECTED: &str = "fornax_kv_remote_rejected_total";
+/// Failed or timed-out calls to the shared tier, and writes dropped.
+pub const REMOTE_ERRORS: &str = "fornax_kv_remote_errors_total";
+/// Blocks written to the shared tier.
+pub const REMOTE_WRITTEN: &str = "fornax_kv_remote_written_blocks_total";
+/// Bytes read from and written to the shared tier.
+pub const REMOTE_BYTES_READ: &str = "fornax_kv_remote_read_bytes_total";
+pub const REMOTE_BYTES_WRITTEN: &str = "fornax_kv_remote_written_bytes_total";
 /// Indexed prefix blocks that aged into FP16 and left the index.
 pub const PREFIX_AGED_OUT: &str = "fornax_prefix_aged_out_total";
 /// Requests refused for want of a valid API key, by reason (missing, malformed, unknown).
@@ -143,6 +169,37 @@ pub fn install_metrics() -> Result<PrometheusHandle> {
         "Prefix cache hit tokens over lookup tokens"
     );
     describe_counter!(PREFIX_EVICTIONS, "Cached KV blocks evicted to make room");
+    describe_counter!(
+        HOST_STORED,
+        "Prefix blocks copied into host memory as they left the device"
+    );
+    describe_counter!(
+        HOST_RESTORED,
+        "KV blocks brought back from host memory instead of recomputed"
+    );
+    describe_counter!(
+        HOST_DROPPED,
+        "KV blocks dropped from host memory to make room"
+    );
+    describe_gauge!(HOST_BYTES, "Bytes of KV blocks held in host memory");
+    describe_counter!(RECOMPUTED, "Tokens preempted requests computed again");
+    describe_counter!(REMOTE_LOOKUPS, "Requests looked up in the shared KV tier");
+    describe_counter!(
+        REMOTE_HITS,
+        "KV blocks found and verified in the shared tier"
+    );
+    describe_counter!(REMOTE_MISSES, "Shared-tier lookups that found no block");
+    describe_counter!(
+        REMOTE_REJECTED,
+        "Shared-tier values that did not verify (never used)"
+    );
+    describe_counter!(
+        REMOTE_ERRORS,
+        "Failed or timed-out shared-tier calls and dropped writes"
+    );
+    describe_counter!(REMOTE_WRITTEN, "KV blocks written to the shared tier");
+    describe_counter!(REMOTE_BYTES_READ, "Bytes read from the shared KV tier");
+    describe_counter!(REMOTE_BYTES_WRITTEN, "Bytes written to the shared KV tier");
     describe_gauge!(KV_SHARED, "KV blocks read by more than one sequence");
     describe_gauge!(KV_CACHED, "Cached KV blocks no sequence uses (evictable)");
     describe_counter!(
@@ -167,6 +224,19 @@ pub fn install_metrics() -> Result<PrometheusHandle> {
     Ok(handle)
 }
 
+/// Publishes the shared KV tier's figures.
+pub fn record_remote(stats: &RemoteStats) {
+    let get = RemoteStats::get;
+    counter!(REMOTE_LOOKUPS).absolute(get(&stats.lookups));
+    counter!(REMOTE_HITS).absolute(get(&stats.hit_blocks));
+    counter!(REMOTE_MISSES).absolute(get(&stats.misses));
+    counter!(REMOTE_REJECTED).absolute(get(&stats.rejected));
+    counter!(REMOTE_ERRORS).absolute(get(&stats.errors));
+    counter!(REMOTE_WRITTEN).absolute(get(&stats.written_blocks));
+    counter!(REMOTE_BYTES_READ).absolute(get(&stats.bytes_read));
+    counter!(REMOTE_BYTES_WRITTEN).absolute(get(&stats.bytes_written));
+}
+
 /// Publishes the engine's figures; `stepped` after a step (records the batch size).
 pub fn record_engine<B: EngineBackend>(engine: &Engine<'_, B>, stepped: bool) {
     let (running, waiting) = engine.load();
@@ -186,7 +256,14 @@ pub fn record_engine<B: EngineBackend>(engine: &Engine<'_, B>, stepped: bool) {
         counter!(PREFIX_AGED_OUT).absolute(p.aged_out);
         gauge!(PREFIX_HIT_RATE).set(p.hit_rate());
     }
+    if let Some(h) = engine.kv.pool.host_stats() {
+        counter!(HOST_STORED).absolute(h.stored);
+        counter!(HOST_RESTORED).absolute(h.restored);
+        counter!(HOST_DROPPED).absolute(h.dropped);
+        gauge!(HOST_BYTES).set(h.bytes as f64);
+    }
     counter!(PREEMPTIONS).absolute(engine.sched.preemptions);
+    counter!(RECOMPUTED).absolute(engine.sched.recomputed);
     counter!(WINDOW_TRIMS).absolute(kv.window_trims);
     counter!(WINDOW_DROPPED).absolute(kv.window_dropped_tokens);
     counter!(STEPS).absolute(engine.steps);

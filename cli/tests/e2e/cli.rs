@@ -214,6 +214,31 @@ fn kv_flags_and_a_too_small_pool() {
     let bad = run(&["--kv-recent", "0"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--kv-recent"));
+    // The host tier keeps prefix-cache blocks: without the prefix cache it is refused.
+    let out = fornax(&[
+        "bench",
+        "load",
+        "--backend",
+        "cpu",
+        "--model",
+        &model,
+        "--requests",
+        "1",
+        "--text",
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/reference/ppl_text.txt"
+        ),
+        "--no-prefix-cache",
+        "--kv-host-memory",
+        "8",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--kv-host-memory") && !err.contains("panicked"),
+        "{err}"
+    );
 }
 
 /// `generate --spec` gives the tokens of plain `generate`, greedy and seeded, and says on

@@ -3,5 +3,6 @@
 mod api_keys;
 mod bench_table;
 mod cli;
+mod kv_remote;
 mod server;
 mod speculation;

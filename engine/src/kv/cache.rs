@@ -1,12 +1,12 @@
 //! The paged KV cache as the model uses it: the pool's bookkeeping plus the device arenas.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use burn::tensor::backend::Backend;
 
 use super::{
-    BatchSeq, BlockPool, KvCapacity, KvDims, KvError, KvStats, KvStore, PagedBatch, SeqId, Tier,
-    TierPolicy, BLOCK_TOKENS,
+    BatchSeq, BlockPool, BlockValues, KvCapacity, KvDims, KvError, KvStats, KvStore, Move,
+    PagedBatch, SeqId, Tier, TierPolicy, BLOCK_TOKENS,
 };
 
 /// Block pool and arenas, allocated once.
@@ -18,6 +18,10 @@ pub struct PagedKv<B: Backend> {
     pub kernels: bool,
     /// Sequences whose tokens written since their last settle may be taken back.
     held: HashSet<SeqId>,
+    /// Token ids sequences will hold after the next commit (see [`Self::stage_tokens`]).
+    staged: HashMap<SeqId, Vec<u32>>,
+    /// Published blocks read from the device, waiting for [`Self::take_published`].
+    published: Vec<(Vec<u32>, BlockValues)>,
 }
 
 impl<B: Backend> PagedKv<B> {
@@ -28,6 +32,8 @@ impl<B: Backend> PagedKv<B> {
             store: KvStore::new(dims, capacity, device),
             kernels: true,
             held: HashSet::new(),
+            staged: HashMap::new(),
+            published: Vec::new(),
         }
     }
 
@@ -39,6 +45,7 @@ impl<B: Backend> PagedKv<B> {
     /// Frees a sequence's blocks (clearing the slots on the device for their next user).
     pub fn free_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
         self.held.remove(&seq);
+        self.staged.remove(&seq);
         let freed = self.pool.free_sequence(seq)?;
         self.store.clear(&freed);
         Ok(())
@@ -96,11 +103,15 @@ impl<B: Backend> PagedKv<B> {
             });
             row_start += new;
         }
-        // Slots taken from evicted cached blocks are cleared before they are written.
+        // Blocks leaving the device are read for the host first, then slots taken from
+        // evicted cached blocks are cleared, then blocks brought back from the host are
+        // written into their (now zero) slots, before copies read them.
+        self.read_outgoing();
         let evicted = self.pool.take_evicted();
         if !evicted.is_empty() {
             self.store.clear(&evicted);
         }
+        self.store.write_f32_blocks(&self.pool.take_restores());
         let copies = self.pool.take_copies();
         if !copies.is_empty() {
             self.store.copy_blocks(&copies);
@@ -113,6 +124,49 @@ impl<B: Backend> PagedKv<B> {
         ))
     }
 
+    /// Reads, in one read, the indexed blocks leaving the device into the host tier and
+    /// the newly indexed blocks to publish (before their slots are cleared or converted).
+    fn read_outgoing(&mut self) {
+        let offload = self.pool.take_offload();
+        let published = self.pool.take_published();
+        if offload.is_empty() && published.is_empty() {
+            return;
+        }
+        let slots: Vec<u32> = offload
+            .iter()
+            .map(|o| o.0)
+            .chain(published.iter().map(|p| p.0))
+            .collect();
+        let mut values = self.store.read_f32_blocks(&slots).into_iter();
+        for ((_, key), values) in offload.into_iter().zip(values.by_ref()) {
+            self.pool.store_offloaded(key, values);
+        }
+        self.published
+            .extend(published.into_iter().map(|p| p.1).zip(values));
+    }
+
+    /// Records the token ids `seq` will hold after the next commit, so that its full
+    /// blocks are indexed then, before any of them ages (with the prefix cache on).
+    pub fn stage_tokens(&mut self, seq: SeqId, tokens: Vec<u32>) {
+        self.staged.insert(seq, tokens);
+    }
+
+    /// The full blocks indexed since the last call (with publishing on), read from the
+    /// device: the tokens up to each block's end and its values.
+    pub fn take_published(&mut self) -> Vec<(Vec<u32>, BlockValues)> {
+        self.read_outgoing();
+        std::mem::take(&mut self.published)
+    }
+
+    /// Converts blocks as the pool decided, after reading those leaving the prefix index
+    /// for the host tier.
+    fn apply_moves(&mut self, moves: &[Move]) {
+        self.read_outgoing();
+        if !moves.is_empty() {
+            self.store.apply_moves(moves);
+        }
+    }
+
     /// Keeps `seq`'s first `sink_blocks` blocks and those holding its newest `window`
     /// tokens, freeing the blocks between (see [`BlockPool::trim_window`]).
     pub fn trim_window(
@@ -122,10 +176,9 @@ impl<B: Backend> PagedKv<B> {
         window: usize,
     ) -> Result<(), KvError> {
         let (freed, moves) = self.pool.trim_window(seq, sink_blocks, window)?;
+        self.read_outgoing();
         self.store.clear(&freed);
-        if !moves.is_empty() {
-            self.store.apply_moves(&moves);
-        }
+        self.apply_moves(&moves);
         Ok(())
     }
 
@@ -158,9 +211,7 @@ impl<B: Backend> PagedKv<B> {
     pub fn settle(&mut self, seq: SeqId) -> Result<(), KvError> {
         self.held.remove(&seq);
         let moves = self.pool.settle(seq)?;
-        if !moves.is_empty() {
-            self.store.apply_moves(&moves);
-        }
+        self.apply_moves(&moves);
         Ok(())
     }
 
@@ -169,15 +220,14 @@ impl<B: Backend> PagedKv<B> {
     pub fn commit(&mut self, parts: &[(SeqId, usize)]) -> Result<(), KvError> {
         let mut moves = Vec::new();
         for &(seq, new) in parts {
+            let staged = self.staged.remove(&seq);
             if self.held.contains(&seq) {
                 self.pool.advance_tentative(seq, new)?;
             } else {
-                moves.extend(self.pool.advance(seq, new)?);
+                moves.extend(self.pool.advance_indexed(seq, new, staged.as_deref())?);
             }
         }
-        if !moves.is_empty() {
-            self.store.apply_moves(&moves);
-        }
+        self.apply_moves(&moves);
         Ok(())
     }
 }

@@ -5,6 +5,7 @@
 mod batch;
 mod cache;
 mod error;
+mod host_tier;
 mod layout;
 mod ops;
 pub mod pack;
@@ -20,6 +21,7 @@ pub use batch::{BatchSeq, PagedBatch};
 pub use cache::PagedKv;
 pub use error::KvError;
 pub use fornax_shaders::launch::AttentionShape;
+pub use host_tier::{BlockKey, BlockValues, HostStats, HostTier};
 pub use layout::{KvCapacity, KvDims};
 pub use ops::PagedAttentionOps;
 pub use pool::{BlockId, BlockPool, Move, SeqId};

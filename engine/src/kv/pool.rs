@@ -6,7 +6,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
-use super::{KvCapacity, KvError, KvStats, Tier, TierPolicy, BLOCK_TOKENS};
+use super::{
+    BlockKey, BlockValues, HostStats, HostTier, KvCapacity, KvError, KvStats, Tier, TierPolicy,
+    BLOCK_TOKENS,
+};
 use crate::prefix::{Chain, PrefixIndex, PrefixStats};
 
 /// A sequence's handle in the pool.
@@ -88,6 +91,17 @@ pub struct BlockPool {
     /// Shared blocks copied for a sequence about to write into them (copy-on-write), with
     /// the rows of each copy that hold that sequence's tokens (the rest start at zero).
     copies: Vec<(Move, usize)>,
+    /// Indexed blocks that leave the device go here, when it is on.
+    host: Option<HostTier>,
+    /// Blocks brought back from the host: FP32 slots (free, so zero) to write.
+    restores: Vec<(u32, BlockValues)>,
+    /// Indexed FP32 slots leaving the device (evicted or aged): the device reads them into
+    /// the host tier before they are cleared or converted.
+    offload: Vec<(u32, BlockKey)>,
+    /// Whether newly indexed full blocks are published (to a tier shared with other
+    /// engines), and those waiting: FP32 slots and the tokens up to each block's end.
+    publish: bool,
+    published: Vec<(u32, Vec<u32>)>,
 }
 
 impl BlockPool {
@@ -111,6 +125,124 @@ impl BlockPool {
             tick: 0,
             evicted: Vec::new(),
             copies: Vec::new(),
+            host: None,
+            restores: Vec::new(),
+            offload: Vec::new(),
+            publish: false,
+            published: Vec::new(),
+        }
+    }
+
+    /// Queues every full block newly added to the prefix index for [`Self::take_published`].
+    pub fn enable_publishing(&mut self) {
+        self.publish = true;
+    }
+
+    /// Full blocks indexed since the last call: FP32 slots (to read before the next step
+    /// can move them) and the tokens up to each block's end; empties the list.
+    pub fn take_published(&mut self) -> Vec<(u32, Vec<u32>)> {
+        std::mem::take(&mut self.published)
+    }
+
+    /// Puts `blocks`, the values of the full blocks of `tokens` from block `first` on, in
+    /// order (from a tier shared with other engines, verified against these tokens), into
+    /// the host tier under this index's keys, so that admitting `tokens` brings them back.
+    /// Returns the blocks taken (none without the host tier and the prefix cache).
+    pub fn import_to_host(
+        &mut self,
+        tokens: &[u32],
+        first: usize,
+        blocks: Vec<BlockValues>,
+    ) -> usize {
+        let (Some(host), Some(prefix)) = (self.host.as_mut(), self.prefix.as_ref()) else {
+            return 0;
+        };
+        let mut chain = prefix.root();
+        let mut blocks = blocks.into_iter();
+        let mut taken = 0;
+        for (i, block) in tokens.chunks_exact(BLOCK_TOKENS).enumerate() {
+            let key = prefix.key_after(chain, block);
+            let parent = chain.key;
+            chain = Chain { key, node: 0 };
+            if i < first {
+                continue;
+            }
+            let Some(values) = blocks.next() else { break };
+            let tokens = block.into();
+            host.store(
+                BlockKey {
+                    key,
+                    parent,
+                    tokens,
+                },
+                values,
+            );
+            host.stats.imported += 1;
+            taken += 1;
+        }
+        taken
+    }
+
+    /// How many leading full blocks of `tokens` (never the one holding its last token)
+    /// this engine holds, on the device or in host memory: what a shared tier need not
+    /// be asked for.
+    pub fn held_blocks(&self, tokens: &[u32]) -> usize {
+        let Some(prefix) = self.prefix.as_ref() else {
+            return 0;
+        };
+        let limit = tokens.len().saturating_sub(1);
+        let mut chain = prefix.root();
+        let mut held = 0;
+        for block in tokens[..limit].chunks_exact(BLOCK_TOKENS) {
+            let key = prefix.key_after(chain, block);
+            let on_host = self.host.as_ref().is_some_and(|h| h.contains(key));
+            if !prefix.has_key(key) && !on_host {
+                break;
+            }
+            chain = Chain { key, node: 0 };
+            held += 1;
+        }
+        held
+    }
+
+    /// Keeps indexed blocks that leave the device in `tier` (host memory) and brings them
+    /// back when a prompt reaches them. Takes effect with the prefix cache.
+    pub fn enable_host_tier(&mut self, tier: HostTier) {
+        self.host = Some(tier);
+    }
+
+    /// The host tier's counters, if it is on.
+    pub fn host_stats(&self) -> Option<HostStats> {
+        self.host.as_ref().map(|h| h.stats)
+    }
+
+    /// Slots to write with blocks brought back from the host (before anything else this
+    /// step touches the arenas); empties the list.
+    pub fn take_restores(&mut self) -> Vec<(u32, BlockValues)> {
+        std::mem::take(&mut self.restores)
+    }
+
+    /// FP32 slots whose blocks leave the device, to read into the host tier before they
+    /// are cleared or converted; empties the list.
+    pub fn take_offload(&mut self) -> Vec<(u32, BlockKey)> {
+        std::mem::take(&mut self.offload)
+    }
+
+    /// Keeps a block read from the device (see [`Self::take_offload`]) in the host tier.
+    pub fn store_offloaded(&mut self, key: BlockKey, values: BlockValues) {
+        if let Some(host) = self.host.as_mut() {
+            host.store(key, values);
+        }
+    }
+
+    /// Queues `block`'s FP32 slot for the host tier if it is on and the block is a full,
+    /// indexed one.
+    fn offload_block(&mut self, block: BlockId) {
+        if self.host.is_none() {
+            return;
+        }
+        if let Some(key) = self.prefix.as_ref().and_then(|p| p.block_key(block)) {
+            self.offload.push((self.blocks[block as usize].slot, key));
         }
     }
 
@@ -134,10 +266,6 @@ impl BlockPool {
         };
         let limit = tokens.len().saturating_sub(1);
         let m = prefix.lookup(tokens, limit);
-        let len = m.tokens();
-        prefix.stats.lookups += 1;
-        prefix.stats.lookup_tokens += limit as u64;
-        prefix.stats.hit_tokens += len as u64;
         let attached: Vec<BlockId> = m
             .full
             .iter()
@@ -151,13 +279,74 @@ impl BlockPool {
             }
             block.refs += 1;
         }
+        let mut chain = m.chain;
+        let mut full = m.full.len();
+        let mut blocks = attached;
+        if m.partial.is_none() {
+            let restored = self.restore_from_host(&tokens[..limit], full, &mut chain);
+            full += restored.len();
+            blocks.extend(restored);
+        }
+        let len = match m.partial {
+            Some((_, partial)) => full * BLOCK_TOKENS + partial,
+            None => full * BLOCK_TOKENS,
+        };
+        let prefix = self.prefix.as_mut().expect("checked above");
+        prefix.stats.lookups += 1;
+        prefix.stats.lookup_tokens += limit as u64;
+        prefix.stats.hit_tokens += len as u64;
         let seq = self.seqs.get_mut(&id).expect("just added");
         seq.lookup = (limit, len);
-        seq.indexed = m.full.len();
-        seq.chain = Some(m.chain);
-        seq.blocks = attached;
+        seq.indexed = full;
+        seq.chain = Some(chain);
+        seq.blocks = blocks;
         seq.len = len;
         (id, len)
+    }
+
+    /// Brings back from the host tier the full blocks of `tokens` after the first `full`,
+    /// as far as they are there in order and FP32 slots last (free ones, else evicting
+    /// the least recently used cached blocks); each is indexed after `chain`, which moves
+    /// on, and attached.
+    fn restore_from_host(
+        &mut self,
+        tokens: &[u32],
+        full: usize,
+        chain: &mut Chain,
+    ) -> Vec<BlockId> {
+        let mut restored = Vec::new();
+        let Some(mut host) = self.host.take() else {
+            return restored;
+        };
+        let mut i = full;
+        while (i + 1) * BLOCK_TOKENS <= tokens.len() {
+            let block = &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS];
+            let prefix = self.prefix.as_ref().expect("the caller checked");
+            let key = prefix.key_after(*chain, block);
+            let Some(values) = host.get(key, chain.key, block) else {
+                break;
+            };
+            let Some(slot) = self.take_f32_slot() else {
+                break;
+            };
+            let b = self.new_block(Tier::F32, slot);
+            self.blocks[b as usize].fill = BLOCK_TOKENS as u32;
+            let prefix = self.prefix.as_mut().expect("the caller checked");
+            let Some(next) = prefix.insert(*chain, b, block) else {
+                // Its key is taken by another prefix (a collision): the slot is left
+                // unused (free, cleared with the evicted ones if it was evicted).
+                self.free_slots[0].push(slot);
+                self.free_ids.push(b);
+                break;
+            };
+            host.stats.restored += 1;
+            self.restores.push((slot, values));
+            *chain = next;
+            restored.push(b);
+            i += 1;
+        }
+        self.host = Some(host);
+        restored
     }
 
     /// Frees a sequence that never ran (its admission was put off) and takes its lookup
@@ -192,8 +381,14 @@ impl BlockPool {
                 seq.chain = None;
                 return;
             }
+            let inserted = prefix.stats.inserted;
             seq.chain = prefix.insert(chain, b, &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
             seq.indexed += 1;
+            if self.publish && prefix.stats.inserted > inserted {
+                let slot = self.blocks[b as usize].slot;
+                self.published
+                    .push((slot, tokens[..(i + 1) * BLOCK_TOKENS].to_vec()));
+            }
         }
         let len = seq.len.min(tokens.len());
         let tail = full * BLOCK_TOKENS..len;
@@ -224,7 +419,11 @@ impl BlockPool {
 
     /// Slots of evicted blocks to clear on the device before writing; empties the list.
     pub fn take_evicted(&mut self) -> Vec<(Tier, u32)> {
-        std::mem::take(&mut self.evicted)
+        // A slot evicted twice in a step (taken for a restore, evicted again) is cleared once.
+        let mut evicted = std::mem::take(&mut self.evicted);
+        evicted.sort_unstable();
+        evicted.dedup();
+        evicted
     }
 
     /// A free FP32 slot, evicting the least recently used cached block when none is free.
@@ -233,6 +432,15 @@ impl BlockPool {
             return Some(slot);
         }
         let (_, b) = self.evictable.pop_first()?;
+        let slot = self.blocks[b as usize].slot;
+        match self.restores.iter().position(|r| r.0 == slot) {
+            // Brought back from the host this step and not yet written: the host still
+            // has it, and nothing is to be written into the slot for it any more.
+            Some(i) => {
+                self.restores.swap_remove(i);
+            }
+            None => self.offload_block(b),
+        }
         let prefix = self
             .prefix
             .as_mut()
@@ -383,7 +591,22 @@ impl BlockPool {
     /// Records `count` tokens written after the current end of `id`, and converts the
     /// blocks that aged out of their tier. Returns the conversions the device must copy.
     pub fn advance(&mut self, id: SeqId, count: usize) -> Result<Vec<Move>, KvError> {
+        self.advance_indexed(id, count, None)
+    }
+
+    /// [`Self::advance`], indexing `id`'s full blocks for `tokens` (the ids it holds now)
+    /// before any of them ages, so a long prompt's early blocks reach the index (and the
+    /// host tier, where they go when they age) instead of ageing unindexed.
+    pub fn advance_indexed(
+        &mut self,
+        id: SeqId,
+        count: usize,
+        tokens: Option<&[u32]>,
+    ) -> Result<Vec<Move>, KvError> {
         self.extend(id, count)?;
+        if let Some(tokens) = tokens {
+            self.index_prefix(id, tokens, false);
+        }
         Ok(self.age(id))
     }
 
@@ -484,7 +707,8 @@ impl BlockPool {
                 self.deferred += 1;
                 continue;
             };
-            // Its contents change: it leaves the prefix index.
+            // Its contents change: it leaves the prefix index (for the host tier, if on).
+            self.offload_block(bid);
             if let Some(p) = self.prefix.as_mut() {
                 if p.remove(bid) {
                     p.stats.aged_out += 1;

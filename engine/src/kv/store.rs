@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use burn::tensor::{backend::Backend, IndexingUpdateOp, Int, Tensor, TensorData};
 
-use super::{pack, KvCapacity, KvDims, Move, Tier, BLOCK_TOKENS};
+use super::{pack, BlockValues, KvCapacity, KvDims, Move, Tier, BLOCK_TOKENS};
 
 /// A tensor held by exactly one owner, so burn updates it in place (a clone would make
 /// every write copy the whole arena).
@@ -235,6 +235,50 @@ impl<B: Backend> KvStore<B> {
                 }
             }
         }
+    }
+
+    /// The FP32 blocks in `slots`, each `[layer][k or v][token][n_kv * head_dim]`: one
+    /// read for all of them.
+    pub fn read_f32_blocks(&self, slots: &[u32]) -> Vec<BlockValues> {
+        if slots.is_empty() {
+            return Vec::new();
+        }
+        let values = self.read_blocks(Tier::F32, slots);
+        let block_len = BLOCK_TOKENS * self.dims.n_kv_heads * self.dims.head_dim;
+        let per_arena = slots.len() * block_len;
+        (0..slots.len())
+            .map(|i| {
+                values
+                    .chunks(per_arena)
+                    .flat_map(|arena| &arena[i * block_len..(i + 1) * block_len])
+                    .copied()
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Writes blocks read by [`Self::read_f32_blocks`] into FP32 `slots` (free, so zero).
+    pub fn write_f32_blocks(&mut self, blocks: &[(u32, BlockValues)]) {
+        if blocks.is_empty() {
+            return;
+        }
+        let block_len = BLOCK_TOKENS * self.dims.n_kv_heads * self.dims.head_dim;
+        let arenas = 2 * self.dims.n_layers;
+        let mut values = Vec::with_capacity(arenas * blocks.len() * block_len);
+        for a in 0..arenas {
+            for (_, block) in blocks {
+                values.extend_from_slice(&block[a * block_len..(a + 1) * block_len]);
+            }
+        }
+        let group: Vec<Move> = blocks
+            .iter()
+            .map(|&(slot, _)| Move {
+                from: (Tier::F32, slot),
+                to: (Tier::F32, slot),
+            })
+            .collect();
+        let picks: Vec<usize> = (0..blocks.len()).collect();
+        self.write_blocks(Tier::F32, &group, &picks, &values);
     }
 
     /// Zeroes the rows past `keep` of each block in `values` (read for `group`, a subset of

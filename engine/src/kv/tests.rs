@@ -217,3 +217,67 @@ fn taking_back_tentative_tokens_restores_the_pool_and_defers_ageing() {
     assert_eq!(p.stats(), q.stats());
     assert_eq!(p.stats().conversions, 2);
 }
+
+#[test]
+fn indexed_blocks_leaving_the_device_go_to_the_host_tier_and_come_back() {
+    let mut p = pool([3, 0, 0], TierPolicy::ALL_F32);
+    p.enable_prefix_cache(crate::prefix::PrefixIndex::new(1));
+    p.enable_host_tier(HostTier::new(10 * 16, 16));
+    // Two full blocks and 6 tokens, indexed when finished, then cached.
+    let tokens: Vec<u32> = (0..70).collect();
+    let (a, hit) = p.add_sequence_with_prefix(&tokens);
+    assert_eq!(hit, 0);
+    p.reserve(a, 70).unwrap();
+    p.advance(a, 70).unwrap();
+    p.index_prefix(a, &tokens, true);
+    p.free_sequence(a).unwrap();
+    assert_eq!(p.stats().cached_blocks, 3);
+    assert!(p.take_offload().is_empty());
+
+    // Another sequence needs every slot: the cached blocks are evicted, the two full ones
+    // queued for the host (the partly filled one is not kept).
+    let b = p.add_sequence();
+    p.reserve(b, 96).unwrap();
+    let offload = p.take_offload();
+    assert_eq!(offload.len(), 2);
+    let mut firsts: Vec<u32> = offload.iter().map(|(_, k)| k.tokens[0]).collect();
+    firsts.sort();
+    assert_eq!(firsts, [0, 32]);
+    for (slot, key) in offload {
+        p.store_offloaded(key, vec![slot as f32; 4].into());
+    }
+    p.free_sequence(b).unwrap();
+
+    // The prompt comes back: both full blocks are restored into free slots and indexed.
+    let (c, hit) = p.add_sequence_with_prefix(&tokens);
+    assert_eq!(hit, 64);
+    assert_eq!(p.take_restores().len(), 2);
+    let host = p.host_stats().unwrap();
+    assert_eq!((host.stored, host.restored), (2, 2));
+    assert_eq!(p.stats().blocks_used, 2);
+    p.free_sequence(c).unwrap();
+    // Now on the device again: a hit without a restore.
+    let (_, hit) = p.add_sequence_with_prefix(&tokens);
+    assert_eq!(hit, 64);
+    assert!(p.take_restores().is_empty());
+}
+
+#[test]
+fn a_host_block_under_another_prefix_is_not_restored() {
+    let mut p = pool([4, 0, 0], TierPolicy::ALL_F32);
+    p.enable_prefix_cache(crate::prefix::PrefixIndex::new(1));
+    p.enable_host_tier(HostTier::new(10 * 16, 16));
+    let tokens: Vec<u32> = (0..40).collect();
+    // A block stored under the key the first block would have, but other tokens.
+    let index = crate::prefix::PrefixIndex::new(1);
+    let root = index.root();
+    let key = BlockKey {
+        key: index.key_after(root, &tokens[..32]),
+        parent: root.key,
+        tokens: (100..132).collect(),
+    };
+    p.store_offloaded(key, vec![0.0; 4].into());
+    let (_, hit) = p.add_sequence_with_prefix(&tokens);
+    assert_eq!(hit, 0);
+    assert!(p.take_restores().is_empty());
+}

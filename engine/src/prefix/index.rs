@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
-use crate::kv::{BlockId, BLOCK_TOKENS};
+use crate::kv::{BlockId, BlockKey, BLOCK_TOKENS};
 
 /// Hashes a block: the parent's key and the block's token ids (and the salt, in the parent
 /// key of the first block).
@@ -42,6 +42,8 @@ struct Node {
     key: Option<u64>,
     node: u64,
     parent: u64,
+    /// The parent's key (the salted root's for a first block).
+    parent_key: u64,
     tokens: Box<[u32]>,
 }
 
@@ -219,12 +221,34 @@ impl PrefixIndex {
                 key,
                 node,
                 parent: chain.node,
+                parent_key: chain.key,
                 tokens: tokens.into(),
             },
         );
         self.children.entry(chain.node).or_default().push(block);
         self.stats.inserted += 1;
         node
+    }
+
+    /// The key of the full block holding `tokens` after `chain`.
+    pub fn key_after(&self, chain: Chain, tokens: &[u32]) -> u64 {
+        (self.hasher)(chain.key, tokens)
+    }
+
+    /// Where the full `block` sits in the chain and what it holds (`None` for a partly
+    /// filled block or one not indexed).
+    pub fn block_key(&self, block: BlockId) -> Option<BlockKey> {
+        let n = self.nodes.get(&block)?;
+        Some(BlockKey {
+            key: n.key?,
+            parent: n.parent_key,
+            tokens: n.tokens.clone(),
+        })
+    }
+
+    /// Whether a full block is indexed under `key`.
+    pub fn has_key(&self, key: u64) -> bool {
+        self.keys.contains_key(&key)
     }
 
     /// Whether `block` is in the index.

@@ -62,6 +62,8 @@ pub struct Entry {
     pub seq: Option<SeqId>,
     /// Times it was preempted.
     pub preemptions: u32,
+    /// The most tokens it had computed when it was preempted (0 if never).
+    pub lost: usize,
 }
 
 impl Entry {

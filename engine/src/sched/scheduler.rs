@@ -91,6 +91,9 @@ pub struct Scheduler {
     step: u64,
     /// Preemptions so far.
     pub preemptions: u64,
+    /// Tokens preempted requests had computed and computed again (what the prefix cache
+    /// and its host tier did not give back when they were admitted again).
+    pub recomputed: u64,
 }
 
 impl Scheduler {
@@ -103,6 +106,7 @@ impl Scheduler {
             next_id: 0,
             step: 0,
             preemptions: 0,
+            recomputed: 0,
         }
     }
 
@@ -160,6 +164,7 @@ impl Scheduler {
                 computed: 0,
                 seq: None,
                 preemptions: 0,
+                lost: 0,
             },
         );
         Ok(id)
@@ -279,6 +284,8 @@ impl Scheduler {
             free -= needed;
             budget -= n;
             let r = &self.requests[&id];
+            // Tokens below what it had computed before a preemption are computed again.
+            self.recomputed += ((r.computed + n).min(r.lost) - r.computed.min(r.lost)) as u64;
             let mut tokens = r.tokens[r.computed..r.computed + n].to_vec();
             let samples = r.computed + n == r.tokens.len();
             let mut drafted = 0;
@@ -351,6 +358,7 @@ impl Scheduler {
         let seq = r.seq.take().expect("holds blocks");
         let before = kv.free_blocks();
         kv.free_sequence(seq);
+        r.lost = r.lost.max(r.computed);
         r.computed = 0;
         r.preemptions += 1;
         self.preemptions += 1;

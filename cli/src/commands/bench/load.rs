@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::kv::KvStats;
+use fornax_engine::kv::{HostStats, KvStats};
 use fornax_engine::model::LlamaModel;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{PolicyKind, RequestId, SchedulerConfig};
@@ -104,8 +104,12 @@ pub(super) struct Figures {
     pub preemptions: u64,
     /// Tokens run through the model (recomputation after preemption included).
     pub computed: u64,
+    /// Tokens preempted requests computed again.
+    pub recomputed: u64,
     /// The pool's figures at the end (elastic-window trims among them).
     pub kv: KvStats,
+    /// The host tier's figures at the end, when it is on.
+    pub host: Option<HostStats>,
 }
 
 impl Figures {
@@ -225,7 +229,7 @@ pub(super) fn serve_jobs<B: EngineBackend>(
     };
     let mode = s.mode;
     let capacity = s.kv.capacity(model.kv_dims(), config.max_batch, 256)?;
-    let kv = model.new_paged_cache(capacity, s.kv.policy());
+    let kv = s.kv.paged(model, capacity, !s.sched.no_prefix_cache)?;
     let mut engine = s.sched.engine_with(model, kv, config, policy);
     let window = s.sched.window_s();
     let timeout = s.timeout.unwrap_or(f64::INFINITY);
@@ -337,7 +341,9 @@ pub(super) fn serve_jobs<B: EngineBackend>(
     f.makespan = now - start;
     f.preemptions = engine.sched.preemptions;
     f.computed = engine.tokens_computed;
+    f.recomputed = engine.sched.recomputed;
     f.kv = engine.kv_stats();
+    f.host = engine.kv.pool.host_stats();
     Ok(f)
 }
 

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use fornax::kv_remote::{RemoteStats, RemoteTier};
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::LlamaModel;
@@ -51,6 +52,11 @@ pub struct PrefixArgs {
     /// Serve only with the prefix cache on (its hit rate and evictions, no comparison).
     #[arg(long)]
     pub cache_on_only: bool,
+    /// 2: replica A serves the workload, writing its blocks to the shared tier
+    /// (`--kv-remote`), then replica B, which has seen nothing, serves it with the shared
+    /// tier off and on.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub replicas: u8,
     #[command(flatten)]
     pub sched: SchedArgs,
     #[command(flatten)]
@@ -74,6 +80,19 @@ struct Figures {
     prompt_tokens: usize,
     computed: u64,
     preemptions: u64,
+    /// Blocks brought from the shared tier.
+    remote_blocks: u64,
+}
+
+/// How one run is served.
+#[derive(Clone, Copy)]
+struct Run<'r> {
+    batch: usize,
+    cache: bool,
+    /// The shared tier (replicas), if on.
+    remote: Option<&'r RemoteTier>,
+    /// Whether each system prompt is served once before the clock starts.
+    warm: bool,
 }
 
 /// One conversation in progress.
@@ -105,20 +124,31 @@ impl PrefixBench<'_> {
         model: &LlamaModel<B>,
         text: &[u32],
         systems: &[Vec<u32>],
-        batch: usize,
-        cache: bool,
+        run: Run<'_>,
     ) -> Result<Figures> {
         let a = self.args;
+        let Run {
+            batch,
+            cache,
+            remote,
+            warm,
+        } = run;
         let mut config = a.sched.config();
         config.max_batch = batch;
         let capacity = a.kv.capacity(model.kv_dims(), batch, 256)?;
-        let kv = model.new_paged_cache(capacity, a.kv.policy());
+        let kv = match cache {
+            true => a.kv.paged(model, capacity, true)?,
+            false => model.new_paged_cache(capacity, a.kv.policy()),
+        };
         let mut engine = a
             .sched
             .spec
             .apply(Engine::new(model, kv, config, PolicyKind::Fcfs));
         if cache {
             engine = engine.with_prefix_cache();
+        }
+        if remote.is_some() {
+            engine.kv.pool.enable_publishing();
         }
         let request = |prompt: Vec<u32>, max_tokens| Request {
             prompt,
@@ -127,11 +157,14 @@ impl PrefixBench<'_> {
             sampling: SamplingParams::greedy(),
             stop_ids: vec![],
         };
-        // Warm-up: each system prompt once, outside the figures.
-        for s in systems {
-            let mut prompt = s.clone();
-            prompt.push(text[0]);
-            engine.submit(request(prompt, 1))?;
+        // Warm-up: each system prompt once, outside the figures (a replica that has seen
+        // nothing skips it).
+        if warm {
+            for s in systems {
+                let mut prompt = s.clone();
+                prompt.push(text[0]);
+                engine.submit(request(prompt, 1))?;
+            }
         }
         while !engine.is_idle() {
             engine.step()?;
@@ -151,31 +184,46 @@ impl PrefixBench<'_> {
                 first_token: false,
             })
             .collect();
-        // Queues conversation `c`'s next turn.
+        // Queues conversation `c`'s next turn; returns the seconds spent on the shared tier.
         let submit = |engine: &mut Engine<'_, B>,
                       live: &mut HashMap<RequestId, usize>,
                       c: usize,
                       conv: &mut Conversation,
                       now: f64,
                       f: &mut Figures|
-         -> Result<()> {
+         -> Result<f64> {
             conv.history
                 .extend_from_slice(self.user_message(text, c, conv.turn));
             conv.submitted = now;
             conv.first_token = false;
             conv.reply.clear();
             f.prompt_tokens += conv.history.len();
+            let mut spent = 0.0;
+            if let Some(tier) = remote {
+                // What this replica does not hold is asked of the shared tier first (the
+                // server does it off the engine's thread; here its time is counted).
+                let t = Instant::now();
+                let held = engine.kv.pool.held_blocks(&conv.history);
+                let blocks = tier.lookup(&conv.history, held);
+                f.remote_blocks += engine.import_prefix(&conv.history, held, blocks) as u64;
+                spent = t.elapsed().as_secs_f64();
+            }
             let id = engine.submit(request(conv.history.clone(), a.output_tokens))?;
             live.insert(id, c);
-            Ok(())
+            Ok(spent)
         };
         for (c, conv) in convs.iter_mut().enumerate() {
-            submit(&mut engine, &mut live, c, conv, now, &mut f)?;
+            now += submit(&mut engine, &mut live, c, conv, now, &mut f)?;
         }
         while !engine.is_idle() {
             let t = Instant::now();
             let events = engine.step()?;
             now += t.elapsed().as_secs_f64();
+            if let Some(tier) = remote {
+                for (tokens, values) in engine.published.drain(..) {
+                    tier.publish(tokens, values);
+                }
+            }
             f.blocks.push(engine.kv_stats().blocks_used);
             for e in events {
                 match e {
@@ -195,7 +243,7 @@ impl PrefixBench<'_> {
                         conv.history.extend(reply);
                         conv.turn += 1;
                         if conv.turn < a.turns {
-                            submit(&mut engine, &mut live, c, conv, now, &mut f)?;
+                            now += submit(&mut engine, &mut live, c, conv, now, &mut f)?;
                         }
                     }
                 }
@@ -212,6 +260,74 @@ impl PrefixBench<'_> {
             f.aged_out = s.aged_out - warm_stats.aged_out;
         }
         Ok(f)
+    }
+}
+
+impl PrefixBench<'_> {
+    /// Two replicas sharing a Redis: A serves each batch size's workload first (warmed as
+    /// usual), then B, which has seen nothing, with the shared tier off and on.
+    fn replicas<B: EngineBackend>(
+        &self,
+        model: &LlamaModel<B>,
+        text: &[u32],
+        systems: &[Vec<u32>],
+    ) -> Result<()> {
+        let a = self.args;
+        let tier =
+            a.kv.remote(&a.model.path()?, model.kv_dims())?
+                .context("--replicas 2 needs --kv-remote redis://HOST:PORT")?;
+        println!("| batch | replica | TTFT P50 s | TTFT P99 s | tokens/min | blocks from the shared tier | tokens computed, of all fed |");
+        println!("|---|---|---|---|---|---|---|");
+        for &batch in &a.batch_sizes {
+            let runs = [
+                ("A, fills the shared tier", Some(&*tier), true),
+                ("B, shared tier off", None, false),
+                ("B, shared tier on", Some(&*tier), false),
+            ];
+            let mut rows = Vec::new();
+            for (name, remote, warm) in runs {
+                let run = Run {
+                    batch,
+                    cache: true,
+                    remote,
+                    warm,
+                };
+                let f = self.serve(model, text, systems, run)?;
+                if warm {
+                    tier.flush(std::time::Duration::from_secs(120));
+                }
+                println!(
+                    "| {batch} | {name} | {:.3} | {:.3} | {:.0} | {} | {} of {} |",
+                    percentile(&f.ttft, 0.5),
+                    percentile(&f.ttft, 0.99),
+                    f.generated as f64 / f.makespan * 60.0,
+                    f.remote_blocks,
+                    f.computed,
+                    f.prompt_tokens + f.generated,
+                );
+                rows.push(f);
+            }
+            let (off, on) = (&rows[1], &rows[2]);
+            let tpm = |f: &Figures| f.generated as f64 / f.makespan;
+            println!(
+                "| {batch} | B, on vs off | {:.2}x lower | {:.2}x lower | {:.2}x | | |",
+                percentile(&off.ttft, 0.5) / percentile(&on.ttft, 0.5),
+                percentile(&off.ttft, 0.99) / percentile(&on.ttft, 0.99),
+                tpm(on) / tpm(off),
+            );
+        }
+        let s = &tier.stats;
+        let get = RemoteStats::get;
+        println!(
+            "shared tier: {} blocks written ({:.1} MB), {} found ({:.1} MB read), {} rejected, {} errors",
+            get(&s.written_blocks),
+            get(&s.bytes_written) as f64 / 1e6,
+            get(&s.hit_blocks),
+            get(&s.bytes_read) as f64 / 1e6,
+            get(&s.rejected),
+            get(&s.errors)
+        );
+        Ok(())
     }
 }
 
@@ -245,6 +361,9 @@ impl BackendTask for PrefixBench<'_> {
         );
         println!("| batch | prefix cache | TTFT P50 s | TTFT P99 s | tokens/min | KV blocks in use, mean / peak | hit rate | cached blocks evicted / aged into FP16 | tokens computed, of all fed | preemptions |");
         println!("|---|---|---|---|---|---|---|---|---|---|");
+        if a.replicas == 2 {
+            return self.replicas(&model, user_text, &systems);
+        }
         for &batch in &a.batch_sizes {
             let mut rows = Vec::new();
             let modes: &[bool] = if a.cache_on_only {
@@ -253,7 +372,13 @@ impl BackendTask for PrefixBench<'_> {
                 &[false, true]
             };
             for &cache in modes {
-                let f = self.serve(&model, user_text, &systems, batch, cache)?;
+                let run = Run {
+                    batch,
+                    cache,
+                    remote: None,
+                    warm: true,
+                };
+                let f = self.serve(&model, user_text, &systems, run)?;
                 let mean = f.blocks.iter().sum::<usize>() as f64 / f.blocks.len().max(1) as f64;
                 let peak = f.blocks.iter().copied().max().unwrap_or(0);
                 println!(

@@ -11,8 +11,9 @@ use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::EngineBackend;
 
+use super::super::kv_args::KvArgs;
 use super::super::{load_model, parse};
-use super::load::{percentile, read_text, Figures, LoadArgs, LoadBench, Mode};
+use super::load::{percentile, read_text, serve_jobs, Figures, LoadArgs, LoadBench, Mode, Serving};
 
 #[derive(Args, Debug)]
 pub struct WindowBenchArgs {
@@ -99,26 +100,41 @@ impl BackendTask for WindowBench<'_> {
             "\nunder pressure: {} requests at once (seed {}), prompts {}..={} tokens, outputs {}..={} tokens, KV pool {} MiB, max batch {}",
             l.requests, l.seed, l.prompt_tokens[0], l.prompt_tokens[1], l.output_tokens[0], l.output_tokens[1], l.kv.kv_memory, l.sched.max_batch
         );
-        println!("| window | tokens/min | TTFT P50 s | TTFT P99 s | end-to-end P50 s | P99 s | preemptions | trims | tokens dropped | tokens computed | failed |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| window | tokens/min | TTFT P50 s | TTFT P99 s | end-to-end P50 s | P99 s | preemptions | tokens recomputed after preemption | trims | tokens dropped | tokens computed | failed |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        // Full window without and (when asked for) with the host tier, then elastic.
+        let no_host = KvArgs {
+            kv_host_memory: 0,
+            ..l.kv.clone()
+        };
+        let mut runs = vec![("full", None, &no_host)];
+        if l.kv.kv_host_memory > 0 {
+            runs.push(("full, host tier", None, &l.kv));
+        }
+        runs.push(("elastic", Some(w), &no_host));
         let mut rows: Vec<Figures> = Vec::new();
-        for window in [None, Some(w)] {
-            let config = fornax_engine::sched::SchedulerConfig {
-                window,
-                ..l.sched.config()
+        for &(name, window, kv) in &runs {
+            let serving = Serving {
+                sched: &l.sched,
+                kv,
+                mode: Mode::Continuous,
+                policy: l.sched.policy,
+                config: fornax_engine::sched::SchedulerConfig {
+                    window,
+                    ..l.sched.config()
+                },
+                timeout: None,
             };
-            let f =
-                self.load
-                    .serve_with(&model, &jobs, Mode::Continuous, l.sched.policy, config)?;
+            let f = serve_jobs(&model, &jobs, &serving)?;
             println!(
-                "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
-                if window.is_some() { "elastic" } else { "full" },
+                "| {name} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |",
                 f.tokens_per_min(),
                 percentile(&f.ttft, 0.5),
                 percentile(&f.ttft, 0.99),
                 percentile(&f.e2e, 0.5),
                 percentile(&f.e2e, 0.99),
                 f.preemptions,
+                f.recomputed,
                 f.kv.window_trims,
                 f.kv.window_dropped_tokens,
                 f.computed,
@@ -126,13 +142,27 @@ impl BackendTask for WindowBench<'_> {
             );
             rows.push(f);
         }
-        let (off, on) = (&rows[0], &rows[1]);
+        let (off, on) = (&rows[0], &rows[rows.len() - 1]);
         println!(
             "elastic vs full: throughput {:.2}x, end-to-end P99 {:.2}x lower, {:.0}% fewer tokens computed",
             on.tokens_per_min() / off.tokens_per_min(),
             percentile(&off.e2e, 0.99) / percentile(&on.e2e, 0.99),
             (1.0 - on.computed as f64 / off.computed as f64) * 100.0
         );
+        if let [off, host, _] = &rows[..] {
+            let h = host.host.unwrap_or_default();
+            println!(
+                "host tier ({} MiB) vs none: {:.2}x fewer tokens recomputed after preemptions ({} vs {}), throughput {:.2}x; {} blocks stored in host memory, {} brought back, {} dropped",
+                l.kv.kv_host_memory,
+                off.recomputed as f64 / host.recomputed.max(1) as f64,
+                host.recomputed,
+                off.recomputed,
+                host.tokens_per_min() / off.tokens_per_min(),
+                h.stored,
+                h.restored,
+                h.dropped
+            );
+        }
         Ok(())
     }
 }
