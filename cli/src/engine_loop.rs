@@ -8,12 +8,12 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError}
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fornax_engine::kv::{BlockValues, BLOCK_TOKENS};
+use fornax_engine::kv::BlockValues;
 use fornax_engine::sched::{FinishReason, RequestId, SubmitError};
 use fornax_engine::{Engine, EngineBackend, Event, Request};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::kv_remote::RemoteTier;
+use crate::kv_remote::{lookable_blocks, RemoteTier};
 use crate::server::telemetry::record_engine;
 
 /// Where a request's updates go (readable from async code and, with `blocking_recv`,
@@ -153,7 +153,7 @@ pub fn run_engine_with<B: EngineBackend>(
         let stepped = engine.step();
         record_engine(engine, true);
         if let Some(l) = &lookups {
-            for (tokens, values) in engine.published.drain(..) {
+            for (tokens, values) in engine.kv.take_published() {
                 l.tier.publish(tokens, values);
             }
         }
@@ -198,8 +198,7 @@ fn handle<B: EngineBackend>(
         Command::Submit { request, updates } => {
             if let Some(l) = lookups {
                 let held = engine.kv.pool.held_blocks(&request.prompt);
-                let full = request.prompt.len().saturating_sub(1) / BLOCK_TOKENS;
-                if held < full {
+                if held < lookable_blocks(&request.prompt) {
                     // Not all here: ask the shared tier first, off this thread.
                     let done = l.done.clone();
                     let prompt = request.prompt.clone();

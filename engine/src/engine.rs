@@ -65,10 +65,6 @@ pub struct Engine<'m, B: EngineBackend> {
     speculation: Option<Speculation<B>>,
     /// Speculation's counters.
     pub spec_stats: SpecStats,
-    /// Full blocks indexed by the steps so far (with publishing on, see
-    /// [`BlockPool::enable_publishing`](crate::kv::BlockPool::enable_publishing)): the
-    /// tokens up to each block's end and its values, for the caller to take.
-    pub published: Vec<(Vec<u32>, BlockValues)>,
 }
 
 impl<'m, B: EngineBackend> Engine<'m, B> {
@@ -93,7 +89,6 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             last_batch: (0, 0),
             speculation: None,
             spec_stats: SpecStats::default(),
-            published: Vec::new(),
         }
     }
 
@@ -300,7 +295,6 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 events.push(Event::Finished { id: s.id, reason });
             }
         }
-        self.published.extend(self.kv.take_published());
         Ok(events)
     }
 

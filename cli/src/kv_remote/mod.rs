@@ -232,8 +232,7 @@ impl RemoteTier {
     /// failure is a miss.
     pub fn lookup(&self, prompt: &[u32], first: usize) -> Vec<BlockValues> {
         RemoteStats::add(&self.stats.lookups, 1);
-        let blocks = prompt.len().saturating_sub(1) / BLOCK_TOKENS;
-        let keys: Vec<String> = (first + 1..=blocks)
+        let keys: Vec<String> = (first + 1..=lookable_blocks(prompt))
             .map(|n| format::key(&self.fingerprint, &prompt[..n * BLOCK_TOKENS]))
             .collect();
         let values: Option<Vec<Option<Vec<u8>>>> = match keys.is_empty() {
@@ -305,6 +304,12 @@ fn write_through(
         }
         record_remote(stats);
     }
+}
+
+/// The full blocks of `prompt` a lookup can bring: all but the one holding its last token,
+/// whose logits the engine must compute.
+pub fn lookable_blocks(prompt: &[u32]) -> usize {
+    prompt.len().saturating_sub(1) / BLOCK_TOKENS
 }
 
 /// The fingerprint of a model file and KV layout: the file's size and its first and last

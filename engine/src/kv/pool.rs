@@ -157,17 +157,8 @@ impl BlockPool {
         let (Some(host), Some(prefix)) = (self.host.as_mut(), self.prefix.as_ref()) else {
             return 0;
         };
-        let mut chain = prefix.root();
-        let mut blocks = blocks.into_iter();
         let mut taken = 0;
-        for (i, block) in tokens.chunks_exact(BLOCK_TOKENS).enumerate() {
-            let key = prefix.key_after(chain, block);
-            let parent = chain.key;
-            chain = Chain { key, node: 0 };
-            if i < first {
-                continue;
-            }
-            let Some(values) = blocks.next() else { break };
+        for ((parent, key, block), values) in prefix.block_keys(tokens).skip(first).zip(blocks) {
             let tokens = block.into();
             host.store(
                 BlockKey {
@@ -191,18 +182,15 @@ impl BlockPool {
             return 0;
         };
         let limit = tokens.len().saturating_sub(1);
-        let mut chain = prefix.root();
-        let mut held = 0;
-        for block in tokens[..limit].chunks_exact(BLOCK_TOKENS) {
-            let key = prefix.key_after(chain, block);
-            let on_host = self.host.as_ref().is_some_and(|h| h.contains(key));
-            if !prefix.has_key(key) && !on_host {
-                break;
-            }
-            chain = Chain { key, node: 0 };
-            held += 1;
-        }
-        held
+        let on_host = |key| {
+            self.host
+                .as_ref()
+                .is_some_and(|h: &HostTier| h.contains(key))
+        };
+        prefix
+            .block_keys(&tokens[..limit])
+            .take_while(|&(_, key, _)| prefix.has_key(key) || on_host(key))
+            .count()
     }
 
     /// Keeps indexed blocks that leave the device in `tier` (host memory) and brings them
@@ -280,17 +268,14 @@ impl BlockPool {
             block.refs += 1;
         }
         let mut chain = m.chain;
-        let mut full = m.full.len();
-        let mut blocks = attached;
-        if m.partial.is_none() {
-            let restored = self.restore_from_host(&tokens[..limit], full, &mut chain);
-            full += restored.len();
-            blocks.extend(restored);
-        }
-        let len = match m.partial {
-            Some((_, partial)) => full * BLOCK_TOKENS + partial,
-            None => full * BLOCK_TOKENS,
+        let restored = match m.partial {
+            None => self.restore_from_host(&tokens[..limit], m.full.len(), &mut chain),
+            Some(_) => Vec::new(),
         };
+        let full = m.full.len() + restored.len();
+        let len = m.tokens() + restored.len() * BLOCK_TOKENS;
+        let mut blocks = attached;
+        blocks.extend(restored);
         let prefix = self.prefix.as_mut().expect("checked above");
         prefix.stats.lookups += 1;
         prefix.stats.lookup_tokens += limit as u64;

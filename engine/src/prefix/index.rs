@@ -230,6 +230,22 @@ impl PrefixIndex {
         node
     }
 
+    /// Each full block of `tokens` from the root, in order: its parent's key, its key and
+    /// its tokens.
+    pub fn block_keys<'t>(
+        &self,
+        tokens: &'t [u32],
+    ) -> impl Iterator<Item = (u64, u64, &'t [u32])> + 't {
+        let hasher = self.hasher;
+        let mut parent = self.root;
+        tokens.chunks_exact(BLOCK_TOKENS).map(move |block| {
+            let key = hasher(parent, block);
+            let keys = (parent, key, block);
+            parent = key;
+            keys
+        })
+    }
+
     /// The key of the full block holding `tokens` after `chain`.
     pub fn key_after(&self, chain: Chain, tokens: &[u32]) -> u64 {
         (self.hasher)(chain.key, tokens)

@@ -124,6 +124,12 @@ impl Figures {
     }
 }
 
+/// The time to the next arrival of a Poisson process of `rate` per second (an exponential
+/// gap).
+pub(super) fn poisson_gap(rng: &mut impl Rng, rate: f64) -> f64 {
+    -(1.0 - rng.random::<f64>()).ln() / rate
+}
+
 /// The `p` quantile (0..1) of `v`; NaN when empty.
 pub(super) fn percentile(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {
@@ -156,7 +162,7 @@ impl LoadBench<'_> {
                     qos: rng.random_range(0..4),
                 };
                 // Exponential gaps: a Poisson process.
-                t += -(1.0 - rng.random::<f64>()).ln() / rate;
+                t += poisson_gap(&mut rng, rate);
                 job
             })
             .collect()

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fornax::kv_remote::{RemoteStats, RemoteTier};
+use fornax::kv_remote::{lookable_blocks, RemoteStats, RemoteTier};
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::LlamaModel;
@@ -204,8 +204,10 @@ impl PrefixBench<'_> {
                 // server does it off the engine's thread; here its time is counted).
                 let t = Instant::now();
                 let held = engine.kv.pool.held_blocks(&conv.history);
-                let blocks = tier.lookup(&conv.history, held);
-                f.remote_blocks += engine.import_prefix(&conv.history, held, blocks) as u64;
+                if held < lookable_blocks(&conv.history) {
+                    let blocks = tier.lookup(&conv.history, held);
+                    f.remote_blocks += engine.import_prefix(&conv.history, held, blocks) as u64;
+                }
                 spent = t.elapsed().as_secs_f64();
             }
             let id = engine.submit(request(conv.history.clone(), a.output_tokens))?;
@@ -220,7 +222,7 @@ impl PrefixBench<'_> {
             let events = engine.step()?;
             now += t.elapsed().as_secs_f64();
             if let Some(tier) = remote {
-                for (tokens, values) in engine.published.drain(..) {
+                for (tokens, values) in engine.kv.take_published() {
                     tier.publish(tokens, values);
                 }
             }

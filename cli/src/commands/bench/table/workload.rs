@@ -7,7 +7,7 @@ use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
 use rand::{rngs::StdRng, seq::IndexedRandom, Rng, SeedableRng};
 use serde::Serialize;
 
-use super::super::load::Job;
+use super::super::load::{poisson_gap, Job};
 
 /// System prompts of three support desks; conversations share them.
 const SYSTEM_PROMPTS: [&str; 3] = [
@@ -142,7 +142,7 @@ pub fn with_arrivals(turns: &[ChatTurn], rate: f64, seed: u64) -> Vec<Job> {
                 max_tokens: turn.max_tokens,
                 qos: turn.qos,
             };
-            t += -(1.0 - rng.random::<f64>()).ln() / rate;
+            t += poisson_gap(&mut rng, rate);
             job
         })
         .collect()
