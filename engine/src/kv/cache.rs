@@ -47,14 +47,22 @@ impl<B: Backend> PagedKv<B> {
         self.held.remove(&seq);
         self.staged.remove(&seq);
         let freed = self.pool.free_sequence(seq)?;
-        self.store.clear(&freed);
+        self.clear_freed(&freed);
         Ok(())
+    }
+
+    /// Frees a preempted sequence holding `tokens`; with the host tier on, its partly
+    /// filled last block is read into host memory first (see [`BlockPool::swap_out_tail`]).
+    pub fn preempt_sequence(&mut self, seq: SeqId, tokens: &[u32]) -> Result<(), KvError> {
+        self.pool.swap_out_tail(seq, tokens);
+        self.read_outgoing();
+        self.free_sequence(seq)
     }
 
     /// Frees a sequence that never ran (see [`BlockPool::abandon_sequence`]).
     pub fn abandon_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
         let freed = self.pool.abandon_sequence(seq)?;
-        self.store.clear(&freed);
+        self.clear_freed(&freed);
         Ok(())
     }
 
@@ -145,6 +153,16 @@ impl<B: Backend> PagedKv<B> {
             .extend(published.into_iter().map(|p| p.1).zip(values));
     }
 
+    /// Clears freed slots on the device for their next user, after reading what leaves
+    /// the device from them (a slot evicted this step, taken for a block brought back and
+    /// freed again, still holds the evicted block the host tier waits for).
+    fn clear_freed(&mut self, freed: &[(Tier, u32)]) {
+        if !freed.is_empty() {
+            self.read_outgoing();
+            self.store.clear(freed);
+        }
+    }
+
     /// Records the token ids `seq` will hold after the next commit, so that its full
     /// blocks are indexed then, before any of them ages (with the prefix cache on).
     pub fn stage_tokens(&mut self, seq: SeqId, tokens: Vec<u32>) {
@@ -176,8 +194,7 @@ impl<B: Backend> PagedKv<B> {
         window: usize,
     ) -> Result<(), KvError> {
         let (freed, moves) = self.pool.trim_window(seq, sink_blocks, window)?;
-        self.read_outgoing();
-        self.store.clear(&freed);
+        self.clear_freed(&freed);
         self.apply_moves(&moves);
         Ok(())
     }
@@ -194,7 +211,7 @@ impl<B: Backend> PagedKv<B> {
     /// (the slots are then as if never written). No block is copied.
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), KvError> {
         let (freed, rows) = self.pool.truncate(seq, len)?;
-        self.store.clear(&freed);
+        self.clear_freed(&freed);
         self.store.clear_rows(rows);
         Ok(())
     }

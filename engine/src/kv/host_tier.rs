@@ -3,6 +3,10 @@
 //! chained prefix key, least recently used dropped first, and brought back into a free
 //! FP32 slot when a prompt's walk down the index reaches them, instead of recomputed.
 //!
+//! A preempted sequence's partly filled last block is kept too, under a key of its own
+//! after its full blocks ([`crate::prefix::PrefixIndex::tail_key`]): it comes back as the
+//! sequence's last block, unindexed, so a preemption recomputes nothing the tier holds.
+//!
 //! Blocks are kept as the FP32 values the device held (only FP32 blocks are indexed), so
 //! a block brought back is bit-identical and outputs equal those without the tier.
 
@@ -22,7 +26,7 @@ pub struct BlockKey {
     pub key: u64,
     /// The key of the block before it (the salted root for the first block).
     pub parent: u64,
-    /// Its 32 token ids.
+    /// Its token ids: 32, or fewer for a sequence's partly filled last block.
     pub tokens: Box<[u32]>,
 }
 
@@ -84,7 +88,7 @@ impl HostTier {
     /// Keeps `values` under `key`, dropping the least recently used blocks while the
     /// budget is exceeded. A tier too small for one block keeps nothing.
     pub fn store(&mut self, key: BlockKey, values: BlockValues) {
-        debug_assert_eq!(key.tokens.len(), BLOCK_TOKENS);
+        debug_assert!((1..=BLOCK_TOKENS).contains(&key.tokens.len()));
         if self.capacity_blocks() == 0 {
             return;
         }
@@ -113,18 +117,26 @@ impl HostTier {
         self.update_size();
     }
 
-    /// The block under `key` if it verifies: the same parent key and the same tokens
-    /// (a hash collision is a miss, never a wrong block). A hit becomes the most recent.
-    pub fn get(&mut self, key: u64, parent: u64, tokens: &[u32]) -> Option<BlockValues> {
-        let entry = self.entries.get_mut(&key)?;
-        if entry.parent != parent || *entry.tokens != *tokens {
-            return None;
-        }
+    /// The block under `key` if it verifies: the same parent key, and its tokens the
+    /// first of `tokens` (all 32 of a full block; a sequence's partly filled last block
+    /// holds fewer). A hash collision is a miss, never a wrong block. Returns the values
+    /// and the tokens they hold; a hit becomes the most recent.
+    pub fn get(&mut self, key: u64, parent: u64, tokens: &[u32]) -> Option<(BlockValues, usize)> {
+        let held = self.find(key, parent, tokens)?;
+        let entry = self.entries.get_mut(&key).expect("found");
         self.recency.remove(&entry.tick);
         self.tick += 1;
         entry.tick = self.tick;
         self.recency.insert(self.tick, key);
-        Some(entry.values.clone())
+        Some((entry.values.clone(), held))
+    }
+
+    /// How many of `tokens` the block under `key` holds if it verifies (see [`Self::get`]),
+    /// without touching its recency.
+    pub fn find(&self, key: u64, parent: u64, tokens: &[u32]) -> Option<usize> {
+        let entry = self.entries.get(&key)?;
+        (entry.parent == parent && !entry.tokens.is_empty() && tokens.starts_with(&entry.tokens))
+            .then_some(entry.tokens.len())
     }
 
     /// Whether a block is kept under `key` (unverified: for deciding whether to look
@@ -160,12 +172,36 @@ mod tests {
         let mut t = HostTier::new(1 << 20, 16);
         t.store(key(7, 1, 100), values(1.0));
         let tokens: Vec<u32> = (100..132).collect();
-        assert_eq!(t.get(7, 1, &tokens).as_deref(), Some(&[1.0; 4][..]));
+        let (values, held) = t.get(7, 1, &tokens).unwrap();
+        assert_eq!((&values[..], held), (&[1.0; 4][..], BLOCK_TOKENS));
         // Another parent or other tokens under the same key: a miss.
         assert!(t.get(7, 2, &tokens).is_none());
         let other: Vec<u32> = (101..133).collect();
         assert!(t.get(7, 1, &other).is_none());
         assert!(t.get(8, 1, &tokens).is_none());
+    }
+
+    #[test]
+    fn a_partly_filled_block_matches_tokens_that_start_with_its_own() {
+        let mut t = HostTier::new(1 << 20, 16);
+        let tail: Box<[u32]> = (100..110).collect();
+        t.store(
+            BlockKey {
+                key: 9,
+                parent: 4,
+                tokens: tail.clone(),
+            },
+            values(2.0),
+        );
+        // The sequence resumes with the same ten tokens, or with more after them.
+        assert_eq!(t.find(9, 4, &tail), Some(10));
+        let longer: Vec<u32> = (100..120).collect();
+        assert_eq!(t.get(9, 4, &longer).map(|(_, n)| n), Some(10));
+        // Fewer tokens than it holds, other tokens, or another parent: a miss.
+        assert_eq!(t.find(9, 4, &tail[..9]), None);
+        let other: Vec<u32> = (101..120).collect();
+        assert_eq!(t.find(9, 4, &other), None);
+        assert_eq!(t.find(9, 5, &tail), None);
     }
 
     #[test]

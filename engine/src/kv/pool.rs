@@ -254,12 +254,12 @@ impl BlockPool {
         };
         let limit = tokens.len().saturating_sub(1);
         let m = prefix.lookup(tokens, limit);
-        let attached: Vec<BlockId> = m
-            .full
-            .iter()
-            .copied()
-            .chain(m.partial.map(|p| p.0))
-            .collect();
+        let mut chain = m.chain;
+        // A partly filled cached block is passed over when host memory holds more there.
+        let partial = m
+            .partial
+            .filter(|&(_, n)| self.host_reach(&tokens[..limit], m.full.len(), chain) <= n);
+        let attached: Vec<BlockId> = m.full.iter().copied().chain(partial.map(|p| p.0)).collect();
         for &b in &attached {
             let block = &mut self.blocks[b as usize];
             if block.refs == 0 {
@@ -267,15 +267,15 @@ impl BlockPool {
             }
             block.refs += 1;
         }
-        let mut chain = m.chain;
-        let restored = match m.partial {
+        let (restored, tail) = match partial {
             None => self.restore_from_host(&tokens[..limit], m.full.len(), &mut chain),
-            Some(_) => Vec::new(),
+            Some(_) => (Vec::new(), None),
         };
         let full = m.full.len() + restored.len();
-        let len = m.tokens() + restored.len() * BLOCK_TOKENS;
+        let len = full * BLOCK_TOKENS + partial.map_or(0, |p| p.1) + tail.map_or(0, |t| t.1);
         let mut blocks = attached;
         blocks.extend(restored);
+        blocks.extend(tail.map(|t| t.0));
         let prefix = self.prefix.as_mut().expect("checked above");
         prefix.stats.lookups += 1;
         prefix.stats.lookup_tokens += limit as u64;
@@ -289,30 +289,51 @@ impl BlockPool {
         (id, len)
     }
 
+    /// How many of `tokens` from block `i` on (after `chain`) the host tier would bring
+    /// back as one block: a full block, or a partly filled last block, or none.
+    fn host_reach(&self, tokens: &[u32], i: usize, chain: Chain) -> usize {
+        let (Some(host), Some(prefix)) = (self.host.as_ref(), self.prefix.as_ref()) else {
+            return 0;
+        };
+        let rest = &tokens[(i * BLOCK_TOKENS).min(tokens.len())..];
+        if let Some(block) = rest.get(..BLOCK_TOKENS) {
+            let key = prefix.key_after(chain, block);
+            if host.find(key, chain.key, block) == Some(BLOCK_TOKENS) {
+                return BLOCK_TOKENS;
+            }
+        }
+        let tail = &rest[..rest.len().min(BLOCK_TOKENS - 1)];
+        host.find(prefix.tail_key(chain), chain.key, tail)
+            .unwrap_or(0)
+    }
+
     /// Brings back from the host tier the full blocks of `tokens` after the first `full`,
     /// as far as they are there in order and FP32 slots last (free ones, else evicting
     /// the least recently used cached blocks); each is indexed after `chain`, which moves
-    /// on, and attached.
+    /// on. Then, where the full blocks end, a preempted sequence's partly filled last
+    /// block if the host holds it (unindexed). Returns the full blocks and that block
+    /// with the tokens it holds.
     fn restore_from_host(
         &mut self,
         tokens: &[u32],
         full: usize,
         chain: &mut Chain,
-    ) -> Vec<BlockId> {
+    ) -> (Vec<BlockId>, Option<(BlockId, usize)>) {
         let mut restored = Vec::new();
-        let Some(mut host) = self.host.take() else {
-            return restored;
-        };
         let mut i = full;
         while (i + 1) * BLOCK_TOKENS <= tokens.len() {
             let block = &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS];
             let prefix = self.prefix.as_ref().expect("the caller checked");
             let key = prefix.key_after(*chain, block);
-            let Some(values) = host.get(key, chain.key, block) else {
+            let Some(host) = self.host.as_mut() else {
                 break;
             };
-            let Some(slot) = self.take_f32_slot() else {
+            let Some((values, BLOCK_TOKENS)) = host.get(key, chain.key, block) else {
                 break;
+            };
+            // The host stays in place: a block this evicts goes to it.
+            let Some(slot) = self.take_f32_slot() else {
+                return (restored, None);
             };
             let b = self.new_block(Tier::F32, slot);
             self.blocks[b as usize].fill = BLOCK_TOKENS as u32;
@@ -322,16 +343,64 @@ impl BlockPool {
                 // unused (free, cleared with the evicted ones if it was evicted).
                 self.free_slots[0].push(slot);
                 self.free_ids.push(b);
-                break;
+                return (restored, None);
             };
-            host.stats.restored += 1;
             self.restores.push((slot, values));
             *chain = next;
             restored.push(b);
             i += 1;
         }
-        self.host = Some(host);
-        restored
+        let tail = self.restore_tail(&tokens[(i * BLOCK_TOKENS).min(tokens.len())..], *chain);
+        if let Some(host) = self.host.as_mut() {
+            host.stats.restored += (restored.len() + usize::from(tail.is_some())) as u64;
+        }
+        (restored, tail)
+    }
+
+    /// Brings back the partly filled block kept after `chain` if it holds the first of
+    /// `rest` (fewer than 32 of them) and a slot is free.
+    fn restore_tail(&mut self, rest: &[u32], chain: Chain) -> Option<(BlockId, usize)> {
+        let prefix = self.prefix.as_ref()?;
+        let key = prefix.tail_key(chain);
+        let rest = &rest[..rest.len().min(BLOCK_TOKENS - 1)];
+        self.host.as_ref()?.find(key, chain.key, rest)?;
+        let slot = self.take_f32_slot()?;
+        let (values, held) = self.host.as_mut()?.get(key, chain.key, rest)?;
+        let b = self.new_block(Tier::F32, slot);
+        self.blocks[b as usize].fill = held as u32;
+        self.restores.push((slot, values));
+        Some((b, held))
+    }
+
+    /// With the host tier on, queues `id`'s partly filled last block (holding the last of
+    /// `tokens`, the ids it holds) to be kept there, under the tail key after its indexed
+    /// full blocks: a preempted sequence then resumes from host memory.
+    pub fn swap_out_tail(&mut self, id: SeqId, tokens: &[u32]) {
+        let (Some(_), Some(prefix), Some(seq)) =
+            (self.host.as_ref(), self.prefix.as_ref(), self.seqs.get(&id))
+        else {
+            return;
+        };
+        let full = seq.len / BLOCK_TOKENS;
+        let (Some(chain), true) = (seq.chain, seq.indexed == full && seq.dropped == 0) else {
+            return;
+        };
+        let Some(&b) = seq.blocks.get(full) else {
+            return;
+        };
+        let block = self.blocks[b as usize];
+        let tail = tokens.get(full * BLOCK_TOKENS..seq.len).unwrap_or_default();
+        // Brought back and not yet written: the host still holds it.
+        let pending = self.restores.iter().any(|r| r.0 == block.slot);
+        if tail.is_empty() || block.tier != Tier::F32 || pending {
+            return;
+        }
+        let key = BlockKey {
+            key: prefix.tail_key(chain),
+            parent: chain.key,
+            tokens: tail.into(),
+        };
+        self.offload.push((block.slot, key));
     }
 
     /// Frees a sequence that never ran (its admission was put off) and takes its lookup
@@ -776,9 +845,14 @@ impl BlockPool {
             self.tick += 1;
             return None;
         }
-        self.free_slots[b.tier.index()].push(b.slot);
+        let freed = (b.tier, b.slot);
+        self.free_slots[freed.0.index()].push(freed.1);
         self.free_ids.push(block);
-        Some((b.tier, b.slot))
+        // A block brought back and freed before it was written: nothing is written there.
+        if freed.0 == Tier::F32 {
+            self.restores.retain(|r| r.0 != freed.1);
+        }
+        Some(freed)
     }
 
     /// A new sequence that starts with the first `n_blocks` blocks of `id`, shared.

@@ -281,3 +281,80 @@ fn a_host_block_under_another_prefix_is_not_restored() {
     assert_eq!(hit, 0);
     assert!(p.take_restores().is_empty());
 }
+
+#[test]
+fn a_preempted_sequence_resumes_with_its_partly_filled_block_from_the_host() {
+    use crate::sched::KvBlocks;
+    let mut p = pool([3, 0, 0], TierPolicy::ALL_F32);
+    p.enable_prefix_cache(crate::prefix::PrefixIndex::new(1));
+    p.enable_host_tier(HostTier::new(10 * 16, 16));
+    // One full block and 18 tokens computed, the full block indexed as it filled.
+    let tokens: Vec<u32> = (0..51).collect();
+    let (a, _) = p.add_sequence_with_prefix(&tokens);
+    p.reserve(a, 50).unwrap();
+    p.advance_indexed(a, 50, Some(&tokens[..50])).unwrap();
+    KvBlocks::preempt_sequence(&mut p, a, &tokens[..50]);
+    // Its partly filled block is queued for the host; the full one stays cached.
+    let offload = p.take_offload();
+    assert_eq!(offload.len(), 1);
+    assert_eq!(*offload[0].1.tokens, tokens[32..50]);
+    for (slot, key) in offload {
+        p.store_offloaded(key, vec![slot as f32; 4].into());
+    }
+    assert_eq!(p.stats().cached_blocks, 1);
+    // Another sequence takes every slot: the full block goes to the host too.
+    let b = p.add_sequence();
+    p.reserve(b, 96).unwrap();
+    for (slot, key) in p.take_offload() {
+        p.store_offloaded(key, vec![slot as f32; 4].into());
+    }
+    p.free_sequence(b).unwrap();
+
+    // Admitted again, it holds all 50 tokens: both blocks come back, the last one
+    // unindexed, with room for the next token.
+    let (c, hit) = p.add_sequence_with_prefix(&tokens);
+    assert_eq!(hit, 50);
+    assert_eq!(p.blocks_needed(c, 1).unwrap(), 0);
+    assert_eq!(p.take_restores().len(), 2);
+    assert_eq!(p.host_stats().unwrap().restored, 2);
+    p.free_sequence(c).unwrap();
+    assert_eq!(p.stats().cached_blocks, 1, "only the full block is cached");
+
+    // Abandoned before its restores were written: the freed last block's is dropped.
+    let (d, hit) = p.add_sequence_with_prefix(&tokens);
+    assert_eq!(hit, 50);
+    p.abandon_sequence(d).unwrap();
+    // (The full block was on the device; the last block's restore went with it.)
+    assert!(p.take_restores().is_empty());
+    assert_eq!(p.stats().blocks_used, 0);
+}
+
+#[test]
+fn a_full_block_in_host_memory_wins_over_a_shorter_cached_match() {
+    let mut p = pool([2, 0, 0], TierPolicy::ALL_F32);
+    p.enable_prefix_cache(crate::prefix::PrefixIndex::new(1));
+    p.enable_host_tier(HostTier::new(10 * 16, 16));
+    let a: Vec<u32> = (0..41).collect();
+    // A's first block is computed, indexed, then evicted into host memory.
+    let (x, _) = p.add_sequence_with_prefix(&a);
+    p.reserve(x, 40).unwrap();
+    p.advance_indexed(x, 40, Some(&a[..40])).unwrap();
+    p.free_sequence(x).unwrap();
+    let z = p.add_sequence();
+    p.reserve(z, 64).unwrap();
+    for (slot, key) in p.take_offload() {
+        p.store_offloaded(key, vec![slot as f32; 4].into());
+    }
+    p.free_sequence(z).unwrap();
+    // A finished request sharing A's first 5 tokens leaves a partly filled cached block.
+    let b: Vec<u32> = a[..5].iter().copied().chain(1000..1005).collect();
+    let (y, _) = p.add_sequence_with_prefix(&b);
+    p.reserve(y, 10).unwrap();
+    p.advance(y, 10).unwrap();
+    p.index_prefix(y, &b, true);
+    p.free_sequence(y).unwrap();
+    // A again: the host's full block (32 tokens) beats the device's 5.
+    let (_, hit) = p.add_sequence_with_prefix(&a);
+    assert_eq!(hit, 32);
+    assert_eq!(p.take_restores().len(), 1);
+}

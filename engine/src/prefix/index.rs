@@ -251,6 +251,12 @@ impl PrefixIndex {
         (self.hasher)(chain.key, tokens)
     }
 
+    /// The key a partly filled last block after `chain` is kept under outside the index
+    /// (one per chain: its tokens are verified on use).
+    pub fn tail_key(&self, chain: Chain) -> u64 {
+        (self.hasher)(chain.key, &[])
+    }
+
     /// Where the full `block` sits in the chain and what it holds (`None` for a partly
     /// filled block or one not indexed).
     pub fn block_key(&self, block: BlockId) -> Option<BlockKey> {

@@ -24,6 +24,9 @@ pub trait KvBlocks {
     fn index_prefix(&mut self, seq: SeqId, tokens: &[u32], finished: bool);
     /// Frees a sequence and its blocks.
     fn free_sequence(&mut self, seq: SeqId);
+    /// Frees a preempted sequence holding `tokens`, keeping its partly filled last block
+    /// in host memory when that tier is on (its full blocks stay cached).
+    fn preempt_sequence(&mut self, seq: SeqId, tokens: &[u32]);
     /// Drops `seq`'s blocks between its first `sink_blocks` and those holding its newest
     /// `window` tokens (the elastic window).
     fn trim_window(&mut self, seq: SeqId, sink_blocks: usize, window: usize);
@@ -63,6 +66,11 @@ impl KvBlocks for BlockPool {
         let _ = BlockPool::free_sequence(self, seq);
     }
 
+    fn preempt_sequence(&mut self, seq: SeqId, tokens: &[u32]) {
+        self.swap_out_tail(seq, tokens);
+        KvBlocks::free_sequence(self, seq);
+    }
+
     fn trim_window(&mut self, seq: SeqId, sink_blocks: usize, window: usize) {
         // Without a device, conversions are bookkeeping only.
         let _ = BlockPool::trim_window(self, seq, sink_blocks, window);
@@ -100,6 +108,10 @@ impl<B: Backend> KvBlocks for PagedKv<B> {
 
     fn free_sequence(&mut self, seq: SeqId) {
         let _ = PagedKv::free_sequence(self, seq);
+    }
+
+    fn preempt_sequence(&mut self, seq: SeqId, tokens: &[u32]) {
+        let _ = PagedKv::preempt_sequence(self, seq, tokens);
     }
 
     fn trim_window(&mut self, seq: SeqId, sink_blocks: usize, window: usize) {

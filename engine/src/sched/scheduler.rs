@@ -351,13 +351,13 @@ impl Scheduler {
         kv.free_blocks() - before
     }
 
-    /// Frees `id`'s blocks; it will start again from what the prefix cache still holds
-    /// of it. Returns blocks freed.
+    /// Frees `id`'s blocks; it will start again from what the prefix cache (and its host
+    /// tier) still holds of it. Returns blocks freed.
     fn preempt(&mut self, id: RequestId, kv: &mut impl KvBlocks) -> usize {
         let r = self.requests.get_mut(&id).expect("in flight");
         let seq = r.seq.take().expect("holds blocks");
         let before = kv.free_blocks();
-        kv.free_sequence(seq);
+        kv.preempt_sequence(seq, &r.tokens[..r.computed]);
         r.lost = r.lost.max(r.computed);
         r.computed = 0;
         r.preemptions += 1;

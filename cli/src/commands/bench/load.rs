@@ -110,6 +110,8 @@ pub(super) struct Figures {
     pub kv: KvStats,
     /// The host tier's figures at the end, when it is on.
     pub host: Option<HostStats>,
+    /// The tokens each job received, in job order (greedy: runs can be compared).
+    pub outputs: Vec<Vec<u32>>,
 }
 
 impl Figures {
@@ -239,7 +241,10 @@ pub(super) fn serve_jobs<B: EngineBackend>(
     let mut engine = s.sched.engine_with(model, kv, config, policy);
     let window = s.sched.window_s();
     let timeout = s.timeout.unwrap_or(f64::INFINITY);
-    let mut f = Figures::default();
+    let mut f = Figures {
+        outputs: vec![Vec::new(); jobs.len()],
+        ..Figures::default()
+    };
     let mut now = 0.0f64;
     let mut next = 0;
     // Each request in flight: its job, and the tokens it has received.
@@ -316,9 +321,10 @@ pub(super) fn serve_jobs<B: EngineBackend>(
             .max(engine.kv_stats().bytes_used(model.kv_dims()));
         for e in events {
             match e {
-                Event::Token { id, .. } => {
+                Event::Token { id, token } => {
                     let (j, received) = live.get_mut(&id).expect("live request");
                     *received += 1;
+                    f.outputs[*j].push(token);
                     if *received == 1 {
                         let ttft = now - jobs[*j].arrival;
                         f.ttft.push(ttft);

@@ -162,6 +162,16 @@ impl BackendTask for WindowBench<'_> {
                 h.restored,
                 h.dropped
             );
+            let same = off
+                .outputs
+                .iter()
+                .zip(&host.outputs)
+                .filter(|(a, b)| a == b)
+                .count();
+            println!(
+                "outputs with the host tier equal to those without: {same} of {} requests",
+                off.outputs.len()
+            );
         }
         Ok(())
     }
