@@ -302,9 +302,15 @@ impl BlockPool {
                 return BLOCK_TOKENS;
             }
         }
-        let tail = &rest[..rest.len().min(BLOCK_TOKENS - 1)];
-        host.find(prefix.tail_key(chain), chain.key, tail)
-            .unwrap_or(0)
+        self.host_tail(rest, chain).map_or(0, |(_, held)| held)
+    }
+
+    /// The key of the partly filled block the host tier keeps after `chain`, and the
+    /// tokens it holds, if they are the first of `rest`.
+    fn host_tail(&self, rest: &[u32], chain: Chain) -> Option<(u64, usize)> {
+        let key = self.prefix.as_ref()?.tail_key(chain);
+        let rest = &rest[..rest.len().min(BLOCK_TOKENS - 1)];
+        Some((key, self.host.as_ref()?.find(key, chain.key, rest)?))
     }
 
     /// Brings back from the host tier the full blocks of `tokens` after the first `full`,
@@ -360,12 +366,9 @@ impl BlockPool {
     /// Brings back the partly filled block kept after `chain` if it holds the first of
     /// `rest` (fewer than 32 of them) and a slot is free.
     fn restore_tail(&mut self, rest: &[u32], chain: Chain) -> Option<(BlockId, usize)> {
-        let prefix = self.prefix.as_ref()?;
-        let key = prefix.tail_key(chain);
-        let rest = &rest[..rest.len().min(BLOCK_TOKENS - 1)];
-        self.host.as_ref()?.find(key, chain.key, rest)?;
+        let (key, held) = self.host_tail(rest, chain)?;
         let slot = self.take_f32_slot()?;
-        let (values, held) = self.host.as_mut()?.get(key, chain.key, rest)?;
+        let (values, _) = self.host.as_mut()?.get(key, chain.key, &rest[..held])?;
         let b = self.new_block(Tier::F32, slot);
         self.blocks[b as usize].fill = held as u32;
         self.restores.push((slot, values));
@@ -391,7 +394,7 @@ impl BlockPool {
         let block = self.blocks[b as usize];
         let tail = tokens.get(full * BLOCK_TOKENS..seq.len).unwrap_or_default();
         // Brought back and not yet written: the host still holds it.
-        let pending = self.restores.iter().any(|r| r.0 == block.slot);
+        let pending = self.pending_restore(block.slot).is_some();
         if tail.is_empty() || block.tier != Tier::F32 || pending {
             return;
         }
@@ -487,7 +490,7 @@ impl BlockPool {
         }
         let (_, b) = self.evictable.pop_first()?;
         let slot = self.blocks[b as usize].slot;
-        match self.restores.iter().position(|r| r.0 == slot) {
+        match self.pending_restore(slot) {
             // Brought back from the host this step and not yet written: the host still
             // has it, and nothing is to be written into the slot for it any more.
             Some(i) => {
@@ -505,6 +508,11 @@ impl BlockPool {
         self.free_ids.push(b);
         self.evicted.push((block.tier, block.slot));
         Some(block.slot)
+    }
+
+    /// Where in `restores` a block brought back into FP32 `slot` waits to be written.
+    fn pending_restore(&self, slot: u32) -> Option<usize> {
+        self.restores.iter().position(|r| r.0 == slot)
     }
 
     /// Slots per tier.
