@@ -814,7 +814,10 @@ fn a_client_that_disconnects_mid_stream_is_cancelled_and_its_blocks_return() {
 
 #[test]
 fn a_full_queue_is_refused_at_once_with_503() {
-    let server = Server::start(&["--max-queue", "1", "--max-batch", "1"]);
+    // First come, first served: under the default policy the short B would overtake A
+    // (least remaining work), get its first token, give back its queue place, and a C
+    // delayed by a loaded machine would then be queued instead of refused.
+    let server = Server::start(&["--max-queue", "1", "--max-batch", "1", "--policy", "fcfs"]);
     // A runs (the only batch slot); B waits for its first token (the only queue place).
     // A is long (several seconds at the CPU backend's speed) so that it is still running
     // when B and C arrive on a loaded machine; it is cancelled at the end.
