@@ -11,6 +11,9 @@ fn ngram_drafts_what_followed_the_latest_match() {
     assert_eq!(p.lookup(&[1, 2, 3, 1, 2], 1), vec![3]);
     // The longest n-gram wins: "7 8 9" matches at 4, not "8 9" at 0.
     assert_eq!(p.lookup(&[8, 9, 5, 5, 7, 8, 9, 6, 7, 8, 9], 2), vec![6, 7]);
+    // Up to five tokens back: "1 2 3 4 5" at 0 (then 9), not the later "3 4 5" (then 7).
+    let tokens = [1, 2, 3, 4, 5, 9, 3, 4, 5, 7, 1, 2, 3, 4, 5];
+    assert_eq!(p.lookup(&tokens, 1), vec![9]);
     // A single repeated token is not matched (n >= 2), nothing is invented.
     assert!(p.lookup(&[4, 5, 6, 4], 4).is_empty());
     assert!(p.lookup(&[1], 4).is_empty());
