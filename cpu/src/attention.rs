@@ -1,13 +1,14 @@
-//! Attention over the paged KV cache, read where it lies: each key and value row is decoded
-//! from its block (FP32, FP16 or INT8 tier) as it is used, with no gathered copy of the
-//! sequence. Work is split over the thread pool by (sequence, KV head, chunk of rows).
+//! Attention over the paged KV cache, read where it lies: FP32 key and value rows are read
+//! in their blocks, FP16 and INT8 rows decoded once per piece of work, with no gathered
+//! copy of the sequence. Work is split over the thread pool by (sequence, KV head, chunk of
+//! rows).
 //!
 //! The layout is the engine's (`fornax_engine::kv`): blocks of [`BLOCK_TOKENS`] rows, a
 //! block-table entry `tier << TIER_SHIFT | slot`, arena row `slot * 32 + offset`, columns
 //! `kv_head * words + i`; FP16 words hold two halves (even dimension low), INT8 words four
 //! signed bytes (dimension `4 i + b` in byte `b`), each scaled by one FP32 per (slot, KV head).
 
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
 /// Tokens per block.
@@ -67,8 +68,10 @@ pub struct AttentionDims {
 
 /// Where attention reads key (or value) `k` of KV head `g`.
 trait Rows: Sync {
+    /// Row `k` of KV head `g` where it lies, when it is stored as FP32 values.
+    fn direct(&self, k: usize, g: usize, dims: AttentionDims) -> Option<&[f32]>;
     /// Row `k` of KV head `g`, decoded into `out` (`head_dim` values).
-    fn row(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]);
+    fn decode(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]);
 }
 
 /// One sequence's rows in the paged arenas.
@@ -78,7 +81,16 @@ struct Paged<'a> {
 }
 
 impl Rows for Paged<'_> {
-    fn row(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]) {
+    fn direct(&self, k: usize, g: usize, dims: AttentionDims) -> Option<&[f32]> {
+        let entry = self.table[k / BLOCK_TOKENS];
+        (entry >> TIER_SHIFT == 0).then(|| {
+            let row = (entry & SLOT_MASK) as usize * BLOCK_TOKENS + k % BLOCK_TOKENS;
+            let hd = dims.head_dim;
+            &self.tiers.f32_rows[(row * dims.n_kv_heads + g) * hd..][..hd]
+        })
+    }
+
+    fn decode(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]) {
         self.tiers
             .row(self.table[k / BLOCK_TOKENS], k, g, dims, out);
     }
@@ -91,11 +103,46 @@ struct HeadMajor<'a> {
 }
 
 impl Rows for HeadMajor<'_> {
-    fn row(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]) {
+    fn direct(&self, k: usize, g: usize, dims: AttentionDims) -> Option<&[f32]> {
         let hd = dims.head_dim;
-        out.copy_from_slice(&self.data[(g * self.total + k) * hd..][..hd]);
+        Some(&self.data[(g * self.total + k) * hd..][..hd])
+    }
+
+    fn decode(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]) {
+        out.copy_from_slice(self.direct(k, g, dims).expect("always direct"));
     }
 }
+
+/// Rows `0..total` of KV head `g`: FP32 rows where they lie, the others decoded once into
+/// `scratch`.
+fn gather<'a>(
+    rows: &'a impl Rows,
+    total: usize,
+    g: usize,
+    dims: AttentionDims,
+    scratch: &'a mut Vec<f32>,
+) -> Vec<&'a [f32]> {
+    let hd = dims.head_dim;
+    let decoded: Vec<usize> = (0..total)
+        .filter(|&k| rows.direct(k, g, dims).is_none())
+        .collect();
+    scratch.clear();
+    scratch.resize(decoded.len() * hd, 0.0);
+    for (&k, out) in decoded.iter().zip(scratch.chunks_exact_mut(hd)) {
+        rows.decode(k, g, dims, out);
+    }
+    let scratch: &'a Vec<f32> = scratch;
+    let mut next = scratch.chunks_exact(hd);
+    (0..total)
+        .map(|k| {
+            rows.direct(k, g, dims)
+                .unwrap_or_else(|| next.next().expect("a decoded row"))
+        })
+        .collect()
+}
+
+/// Halves in a row, at most, that are converted on the stack ([`TierRows::row`]).
+const STACK_HALVES: usize = 256;
 
 impl TierRows<'_> {
     /// Key `k` of KV head `g` (table entry `entry`) decoded into `out` (`head_dim` values).
@@ -109,10 +156,22 @@ impl TierRows<'_> {
                 let words = hd / 2;
                 let base = (row * n_kv + g) * words;
                 let scale = self.f16_scales[slot * n_kv + g];
-                for (i, pair) in out.chunks_exact_mut(2).enumerate() {
-                    let w = self.f16_rows.at(base + i);
-                    pair[0] = f16::from_bits(w as u16).to_f32() * scale;
-                    pair[1] = f16::from_bits((w >> 16) as u16).to_f32() * scale;
+                if hd <= STACK_HALVES {
+                    // Whole rows through the slice conversion (F16C where the CPU has it).
+                    let mut halves = [f16::ZERO; STACK_HALVES];
+                    for (i, pair) in halves[..hd].chunks_exact_mut(2).enumerate() {
+                        let w = self.f16_rows.at(base + i);
+                        pair[0] = f16::from_bits(w as u16);
+                        pair[1] = f16::from_bits((w >> 16) as u16);
+                    }
+                    halves[..hd].convert_to_f32_slice(out);
+                    out.iter_mut().for_each(|v| *v *= scale);
+                } else {
+                    for (i, pair) in out.chunks_exact_mut(2).enumerate() {
+                        let w = self.f16_rows.at(base + i);
+                        pair[0] = f16::from_bits(w as u16).to_f32() * scale;
+                        pair[1] = f16::from_bits((w >> 16) as u16).to_f32() * scale;
+                    }
                 }
             }
             _ => {
@@ -240,30 +299,41 @@ const KEYS: usize = 4;
 /// through [`Products::dot4`] (the rows padded to a multiple of [`KEYS`]), so a score
 /// does not depend on which other keys it was computed with.
 trait Products {
-    /// `q · k_j` for the four rows of `keys` (`4 * q.len()` values).
-    fn dot4(q: &[f32], keys: &[f32]) -> [f32; KEYS];
+    /// `q · k_j` for the four rows `keys` (`q.len()` values each).
+    fn dot4(q: &[f32], keys: [&[f32]; KEYS]) -> [f32; KEYS];
     /// `out = sum_k p[k] * values[k]` over rows of `out.len()` values.
-    fn weighted_sum(p: &[f32], values: &[f32], out: &mut [f32]);
+    fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]);
+    /// The scores replaced by their softmax.
+    fn softmax(scores: &mut [f32]);
 }
 
 /// Plain Rust.
 struct Portable;
 
 impl Products for Portable {
-    fn dot4(q: &[f32], keys: &[f32]) -> [f32; KEYS] {
-        let hd = q.len();
-        std::array::from_fn(|j| {
-            let k = &keys[j * hd..(j + 1) * hd];
-            q.iter().zip(k).map(|(a, b)| a * b).sum()
-        })
+    fn dot4(q: &[f32], keys: [&[f32]; KEYS]) -> [f32; KEYS] {
+        keys.map(|k| q.iter().zip(k).map(|(a, b)| a * b).sum())
     }
 
-    fn weighted_sum(p: &[f32], values: &[f32], out: &mut [f32]) {
+    fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
         out.fill(0.0);
-        for (&p, v) in p.iter().zip(values.chunks_exact(out.len())) {
-            for (o, v) in out.iter_mut().zip(v) {
+        for (&p, v) in p.iter().zip(values) {
+            for (o, v) in out.iter_mut().zip(v.iter()) {
                 *o += p * v;
             }
+        }
+    }
+
+    fn softmax(scores: &mut [f32]) {
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0.0f32;
+        for v in scores.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        for v in scores.iter_mut() {
+            *v *= inv;
         }
     }
 }
@@ -275,15 +345,21 @@ struct Avx2;
 #[cfg(target_arch = "x86_64")]
 impl Products for Avx2 {
     #[inline(always)]
-    fn dot4(q: &[f32], keys: &[f32]) -> [f32; KEYS] {
+    fn dot4(q: &[f32], keys: [&[f32]; KEYS]) -> [f32; KEYS] {
         // SAFETY: only called from `attend_avx2`, which runs where AVX2 and FMA are.
         unsafe { avx2::dot4(q, keys) }
     }
 
     #[inline(always)]
-    fn weighted_sum(p: &[f32], values: &[f32], out: &mut [f32]) {
+    fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
         // SAFETY: as above.
         unsafe { avx2::weighted_sum(p, values, out) }
+    }
+
+    #[inline(always)]
+    fn softmax(scores: &mut [f32]) {
+        // SAFETY: as above.
+        unsafe { avx2::softmax(scores) }
     }
 }
 
@@ -304,17 +380,17 @@ mod avx2 {
 
     /// See [`super::Products::dot4`]; `q.len()` a multiple of 8.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn dot4(q: &[f32], keys: &[f32]) -> [f32; KEYS] {
+    pub(super) fn dot4(q: &[f32], keys: [&[f32]; KEYS]) -> [f32; KEYS] {
         let hd = q.len();
-        assert!(hd.is_multiple_of(8) && keys.len() >= KEYS * hd);
+        assert!(hd.is_multiple_of(8) && keys.iter().all(|k| k.len() >= hd));
         let mut acc = [_mm256_setzero_ps(); KEYS];
-        let (qp, kp) = (q.as_ptr(), keys.as_ptr());
+        let (qp, kp) = (q.as_ptr(), keys.map(|k| k.as_ptr()));
         for i in (0..hd).step_by(8) {
-            // SAFETY: i + 8 <= hd, and the keys hold four rows of hd (checked above).
+            // SAFETY: i + 8 <= hd, and each key holds hd values (checked above).
             unsafe {
                 let qv = _mm256_loadu_ps(qp.add(i));
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp.add(j * hd + i)), *a);
+                for (a, k) in acc.iter_mut().zip(kp) {
+                    *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(i)), *a);
                 }
             }
         }
@@ -322,28 +398,108 @@ mod avx2 {
     }
 
     /// See [`super::Products::weighted_sum`]; `out.len()` a multiple of 8. The output is
-    /// held in registers 64 values at a time.
+    /// held in registers 64 values at a time (then 8 at a time for the rest); each value
+    /// sums its products in key order either way.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn weighted_sum(p: &[f32], values: &[f32], out: &mut [f32]) {
+    pub(super) fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
         const REGS: usize = 8;
         let hd = out.len();
-        assert!(hd.is_multiple_of(8) && values.len() >= p.len() * hd);
-        let vp = values.as_ptr();
-        for c in (0..hd).step_by(8 * REGS) {
-            let n = ((hd - c) / 8).min(REGS);
-            let mut acc = [_mm256_setzero_ps(); REGS];
-            for (k, &w) in p.iter().enumerate() {
-                let w = _mm256_set1_ps(w);
-                for (r, a) in acc[..n].iter_mut().enumerate() {
-                    // SAFETY: row k < p.len() of hd values, column c + 8 r + 8 <= hd.
-                    let v = unsafe { _mm256_loadu_ps(vp.add(k * hd + c + 8 * r)) };
-                    *a = _mm256_fmadd_ps(w, v, *a);
-                }
+        assert!(
+            hd.is_multiple_of(8)
+                && values.len() >= p.len()
+                && values[..p.len()].iter().all(|v| v.len() >= hd)
+        );
+        let full = hd / (8 * REGS) * 8 * REGS;
+        for c in (0..full).step_by(8 * REGS) {
+            // SAFETY: c + 8 REGS <= hd.
+            unsafe { columns::<REGS>(p, values, c, out) };
+        }
+        for c in (full..hd).step_by(8) {
+            // SAFETY: c + 8 <= hd.
+            unsafe { columns::<1>(p, values, c, out) };
+        }
+    }
+
+    /// `e^x` in every lane, for `x <= 0` (the softmax's shifted scores): `2^n e^r` with
+    /// `n = round(x / ln 2)` and `e^r` by Cephes' polynomial on `|r| <= ln 2 / 2`, within
+    /// two units in the last place; below -87 (where `e^x` is under `2^-125`) it
+    /// gives `e^-87`, nothing next to the row's maximum's 1.
+    #[target_feature(enable = "avx2,fma")]
+    fn exp8(x: __m256) -> __m256 {
+        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        // r = x - n ln 2, with ln 2 in two parts so that n ln 2's rounding does not show.
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            0.166_666_65,
+            0.5,
+        ] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let r2 = _mm256_mul_ps(r, r);
+        let e = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
+        let scale = _mm256_slli_epi32(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+            23,
+        );
+        _mm256_mul_ps(e, _mm256_castsi256_ps(scale))
+    }
+
+    /// See [`super::Products::softmax`]: eight scores at a time (the last ones padded).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) fn softmax(scores: &mut [f32]) {
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let m = _mm256_set1_ps(max);
+        let mut sum = _mm256_setzero_ps();
+        for chunk in scores.chunks_mut(8) {
+            let mut lanes = [max; 8];
+            lanes[..chunk.len()].copy_from_slice(chunk);
+            // SAFETY: eight values in `lanes`.
+            let e = exp8(_mm256_sub_ps(unsafe { _mm256_loadu_ps(lanes.as_ptr()) }, m));
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), e) };
+            chunk.copy_from_slice(&lanes[..chunk.len()]);
+            // Padding lanes (e^0) do not count.
+            let keep = _mm256_cmpgt_epi32(
+                _mm256_set1_epi32(chunk.len() as i32),
+                _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+            );
+            sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(keep)));
+        }
+        let inv = 1.0 / hsum(sum);
+        for v in scores.iter_mut() {
+            *v *= inv;
+        }
+    }
+
+    /// Columns `c..c + 8 R` of the weighted sum, in `R` registers.
+    ///
+    /// # Safety
+    /// AVX2 and FMA; `c + 8 R` within `out` and every row of `values`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn columns<const R: usize>(p: &[f32], values: &[&[f32]], c: usize, out: &mut [f32]) {
+        let mut acc = [_mm256_setzero_ps(); R];
+        for (&w, row) in p.iter().zip(values) {
+            let w = _mm256_set1_ps(w);
+            let vp = row.as_ptr();
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: as the caller guarantees.
+                let v = unsafe { _mm256_loadu_ps(vp.add(c + 8 * r)) };
+                *a = _mm256_fmadd_ps(w, v, *a);
             }
-            for (r, a) in acc[..n].iter().enumerate() {
-                // SAFETY: as above, within `out`.
-                unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), *a) };
-            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            // SAFETY: as above, within `out`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), *a) };
         }
     }
 }
@@ -385,8 +541,9 @@ unsafe fn attend_avx2(
     attend_with::<Avx2>(q, keys, values, s, g, r0, dims)
 }
 
-/// The body of [`attend`]: the piece's keys and values decoded once into rows, then per
-/// query its scores, their softmax and the weighted sum of values.
+/// The body of [`attend`]: the piece's FP32 key and value rows read where they lie and the
+/// others decoded once ([`gather`]), then per query its scores, their softmax and the
+/// weighted sum of values.
 #[inline(always)]
 fn attend_with<P: Products>(
     q: &[f32],
@@ -403,13 +560,13 @@ fn attend_with<P: Products>(
     let nr = (s.rows - r0).min(ROW_CHUNK);
     let total = s.start + r0 + nr;
     let scale = (hd as f32).powf(-0.5);
-    // Keys padded with zero rows to a multiple of KEYS; values as they are.
-    let mut k_rows = vec![0.0f32; total.next_multiple_of(KEYS) * hd];
-    let mut v_rows = vec![0.0f32; total * hd];
-    for k in 0..total {
-        keys.row(k, g, dims, &mut k_rows[k * hd..(k + 1) * hd]);
-        values.row(k, g, dims, &mut v_rows[k * hd..(k + 1) * hd]);
-    }
+    // FP32 rows read where they lie, the others decoded once; keys padded with zero rows
+    // to a multiple of KEYS.
+    let (mut k_scratch, mut v_scratch) = (Vec::new(), Vec::new());
+    let zero = vec![0.0f32; hd];
+    let mut k_rows = gather(keys, total, g, dims, &mut k_scratch);
+    k_rows.resize(total.next_multiple_of(KEYS), &zero);
+    let v_rows = gather(values, total, g, dims, &mut v_scratch);
     let mut out = vec![0.0f32; nr * group * hd];
     let mut scores = vec![0.0f32; total.next_multiple_of(KEYS)];
     for i in 0..nr {
@@ -421,24 +578,15 @@ fn attend_with<P: Products>(
                 .chunks_exact_mut(KEYS)
                 .enumerate()
             {
-                let four = P::dot4(query, &k_rows[k * KEYS * hd..(k + 1) * KEYS * hd]);
+                let four = P::dot4(query, std::array::from_fn(|j| k_rows[k * KEYS + j]));
                 for (s, v) in sc.iter_mut().zip(four) {
                     *s = v * scale;
                 }
             }
             let sc = &mut scores[..sees];
-            let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0.0f32;
-            for v in sc.iter_mut() {
-                *v = (*v - max).exp();
-                sum += *v;
-            }
-            let inv = 1.0 / sum;
-            for v in sc.iter_mut() {
-                *v *= inv;
-            }
+            P::softmax(sc);
             let o = &mut out[(i * group + h) * hd..][..hd];
-            P::weighted_sum(sc, &v_rows[..sees * hd], o);
+            P::weighted_sum(sc, &v_rows[..sees], o);
         }
     }
     out
