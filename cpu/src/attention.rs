@@ -420,39 +420,6 @@ mod avx2 {
         }
     }
 
-    /// `e^x` in every lane, for `x <= 0` (the softmax's shifted scores): `2^n e^r` with
-    /// `n = round(x / ln 2)` and `e^r` by Cephes' polynomial on `|r| <= ln 2 / 2`, within
-    /// two units in the last place; below -87 (where `e^x` is under `2^-125`) it
-    /// gives `e^-87`, nothing next to the row's maximum's 1.
-    #[target_feature(enable = "avx2,fma")]
-    fn exp8(x: __m256) -> __m256 {
-        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-        let n = _mm256_round_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-        );
-        // r = x - n ln 2, with ln 2 in two parts so that n ln 2's rounding does not show.
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [
-            1.398_199_9e-3,
-            8.333_452e-3,
-            4.166_579_6e-2,
-            0.166_666_65,
-            0.5,
-        ] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let r2 = _mm256_mul_ps(r, r);
-        let e = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
-        let scale = _mm256_slli_epi32(
-            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
-            23,
-        );
-        _mm256_mul_ps(e, _mm256_castsi256_ps(scale))
-    }
-
     /// See [`super::Products::softmax`]: eight scores at a time (the last ones padded).
     #[target_feature(enable = "avx2,fma")]
     pub(super) fn softmax(scores: &mut [f32]) {
@@ -463,7 +430,10 @@ mod avx2 {
             let mut lanes = [max; 8];
             lanes[..chunk.len()].copy_from_slice(chunk);
             // SAFETY: eight values in `lanes`.
-            let e = exp8(_mm256_sub_ps(unsafe { _mm256_loadu_ps(lanes.as_ptr()) }, m));
+            let e = crate::exp::avx2::exp8(_mm256_sub_ps(
+                unsafe { _mm256_loadu_ps(lanes.as_ptr()) },
+                m,
+            ));
             // SAFETY: as above.
             unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), e) };
             chunk.copy_from_slice(&lanes[..chunk.len()]);

@@ -9,6 +9,7 @@
 mod activations;
 pub mod attention;
 mod dot;
+mod exp;
 mod format;
 mod interleaved;
 pub mod layer_ops;
