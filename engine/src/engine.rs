@@ -183,13 +183,28 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             if !decoding.acceptance.wants_draft() {
                 continue;
             }
+            // The pass's rows all see the tiers of its first row's length: a draft stops
+            // short of the next length at which a block ages, where decoding token by
+            // token would read that block in its new tier.
+            let start = r.tokens.len() - 1;
+            let before_ageing = self
+                .kv
+                .pool
+                .policy()
+                .next_change(start)
+                .map_or(usize::MAX, |t| t - start - 1);
+            let max = decoding
+                .acceptance
+                .draft_len(spec.config.tokens.min(to_go - 1))
+                .min(before_ageing);
+            if max == 0 {
+                continue;
+            }
             ids.push(r.id);
             requests.push(DraftRequest {
                 seq,
                 tokens: &r.tokens,
-                max: decoding
-                    .acceptance
-                    .draft_len(spec.config.tokens.min(to_go - 1)),
+                max,
             });
         }
         if requests.is_empty() {

@@ -105,6 +105,11 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
+    /// How the pool ages blocks.
+    pub fn policy(&self) -> TierPolicy {
+        self.policy
+    }
+
     /// A pool with `capacity` slots per tier, aged by `policy`.
     pub fn new(capacity: KvCapacity, policy: TierPolicy) -> Self {
         let free_slots = Tier::ALL.map(|t| (0..capacity.slots[t.index()] as u32).rev().collect());

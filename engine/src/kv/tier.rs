@@ -93,6 +93,30 @@ impl TierPolicy {
     }
 }
 
+impl TierPolicy {
+    /// The first length after `len` at which some block of a sequence changes tier
+    /// (`None`: blocks never age). Rows computed in one pass from `len` all see the tiers
+    /// of `len`; computed one at a time, a row at this length or beyond would see the
+    /// aged block.
+    pub fn next_change(&self, len: usize) -> Option<usize> {
+        let recent = self.recent?;
+        // Block i changes at 32 (i + 1) + age, for i >= 0.
+        let after = |age: usize| {
+            let first = age + BLOCK_TOKENS;
+            if len < first {
+                first
+            } else {
+                first + ((len - first) / BLOCK_TOKENS + 1) * BLOCK_TOKENS
+            }
+        };
+        let f16 = after(recent);
+        Some(match self.int8_after {
+            Some(a) => f16.min(after(a.max(recent))),
+            None => f16,
+        })
+    }
+}
+
 impl Default for TierPolicy {
     fn default() -> Self {
         Self::DEFAULT
@@ -102,6 +126,31 @@ impl Default for TierPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `next_change` is where `tier_for` first differs for some block, brute force.
+    #[test]
+    fn the_next_change_is_where_a_block_first_changes_tier() {
+        for p in [
+            TierPolicy::DEFAULT,
+            TierPolicy {
+                recent: Some(40),
+                int8_after: Some(100),
+            },
+            TierPolicy {
+                recent: Some(64),
+                int8_after: Some(16),
+            },
+        ] {
+            for len in 0..400 {
+                let changes = |t: usize| {
+                    (0..t / BLOCK_TOKENS).any(|i| p.tier_for(i, t) != p.tier_for(i, len))
+                };
+                let want = (len + 1..1000).find(|&t| changes(t));
+                assert_eq!(p.next_change(len), want, "{p:?} at {len}");
+            }
+        }
+        assert_eq!(TierPolicy::ALL_F32.next_change(500), None);
+    }
 
     #[test]
     fn blocks_age_through_the_tiers() {
