@@ -7,8 +7,10 @@ use crate::{probe_wgpu, BackendError, BackendKind};
 
 /// The wgpu backend in f32.
 pub type WgpuBackend = burn::backend::Wgpu<f32, i32>;
-/// The CPU backend in f32.
-pub type CpuBackend = burn::backend::NdArray<f32>;
+/// The CPU backend in f32, with 32-bit integers: the KV pool's FP16 and INT8 tiers store
+/// 32-bit words, which burn's default 64-bit integers would take twice the bytes for (the
+/// pool took 1.5 times its `--kv-memory`).
+pub type CpuBackend = burn::backend::NdArray<f32, i32>;
 /// The CUDA backend in f32.
 #[cfg(feature = "cuda")]
 pub type CudaBackend = burn::backend::Cuda<f32, i32>;

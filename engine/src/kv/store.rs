@@ -76,6 +76,15 @@ impl<B: Backend> TierArena<B> {
         }
     }
 
+    /// Bytes of the five arenas, as the backend stores their elements.
+    fn bytes(&self) -> usize {
+        let floats = [&self.f32_rows, &self.f16_scales, &self.i8_scales]
+            .map(|t| t.get().shape().num_elements() * t.get().dtype().size());
+        let words = [&self.f16_rows, &self.i8_rows]
+            .map(|t| t.get().shape().num_elements() * t.get().dtype().size());
+        floats.iter().chain(&words).sum()
+    }
+
     fn rows(&self, tier: Tier) -> Option<Tensor<B, 2, Int>> {
         match tier {
             Tier::F32 => None,
@@ -106,6 +115,15 @@ impl<B: Backend> KvStore<B> {
             dims,
             device: device.clone(),
         }
+    }
+
+    /// Bytes the arenas take (every layer's keys and values, all tiers): what
+    /// [`KvDims::block_bytes`] budgets per slot, where the backend stores words in 32 bits.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.keys.bytes() + l.values.bytes())
+            .sum()
     }
 
     /// The arenas of `layer`.

@@ -7,7 +7,7 @@
 use burn::tensor::Tensor;
 use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::kv::{KvCapacity, PagedKv, TierPolicy};
+use fornax_engine::kv::{KvCapacity, KvDims, PagedKv, Tier, TierPolicy};
 use fornax_engine::model::{LlamaConfig, LlamaModel, LoadOptions, Logits, SeqTokens};
 use fornax_engine::sampling::{argmax, argmax_rows};
 use fornax_engine::{logits_to_vec, DeviceMemory, EngineBackend};
@@ -122,4 +122,43 @@ fn decoding_does_not_allocate_per_token() {
     // fornax_backends::run_on here: common::run_on would wait for the shared lock we hold.
     let _alone = crate::common::wgpu_alone();
     run_on(BackendKind::Wgpu, DecodeSteps).expect("wgpu adapter");
+}
+
+/// The pool's arenas take what the budget counts per block, on each backend: 32-bit words
+/// in the FP16 and INT8 tiers (with 64-bit integers the CPU pool took 1.5 times its
+/// `--kv-memory`).
+struct PoolBytes;
+
+impl BackendTask for PoolBytes {
+    type Output = ();
+
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) {
+        let dims = KvDims {
+            n_layers: 3,
+            n_kv_heads: 2,
+            head_dim: 64,
+        };
+        let capacity = KvCapacity { slots: [4, 6, 5] };
+        let kv = PagedKv::<B>::new(dims, capacity, TierPolicy::DEFAULT, &device);
+        let budgeted: usize = [Tier::F32, Tier::F16, Tier::I8]
+            .iter()
+            .map(|&t| capacity.slots[t.index()] * dims.block_bytes(t))
+            .sum();
+        eprintln!(
+            "{}: {} bytes, {budgeted} budgeted",
+            info.adapter,
+            kv.store.bytes()
+        );
+        assert_eq!(kv.store.bytes(), budgeted);
+    }
+}
+
+#[test]
+fn the_pool_takes_the_bytes_its_budget_counts_on_cpu() {
+    crate::common::run_on(BackendKind::Cpu, PoolBytes).expect("the CPU backend");
+}
+
+#[test]
+fn the_pool_takes_the_bytes_its_budget_counts_on_wgpu() {
+    crate::common::run_on(BackendKind::Wgpu, PoolBytes).expect("wgpu adapter");
 }
