@@ -82,12 +82,7 @@ struct Paged<'a> {
 
 impl Rows for Paged<'_> {
     fn direct(&self, k: usize, g: usize, dims: AttentionDims) -> Option<&[f32]> {
-        let entry = self.table[k / BLOCK_TOKENS];
-        (entry >> TIER_SHIFT == 0).then(|| {
-            let row = (entry & SLOT_MASK) as usize * BLOCK_TOKENS + k % BLOCK_TOKENS;
-            let hd = dims.head_dim;
-            &self.tiers.f32_rows[(row * dims.n_kv_heads + g) * hd..][..hd]
-        })
+        self.tiers.f32_row(self.table[k / BLOCK_TOKENS], k, g, dims)
     }
 
     fn decode(&self, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]) {
@@ -123,55 +118,60 @@ fn gather<'a>(
     scratch: &'a mut Vec<f32>,
 ) -> Vec<&'a [f32]> {
     let hd = dims.head_dim;
-    let decoded: Vec<usize> = (0..total)
-        .filter(|&k| rows.direct(k, g, dims).is_none())
-        .collect();
+    let direct: Vec<Option<&[f32]>> = (0..total).map(|k| rows.direct(k, g, dims)).collect();
+    let decoded = direct.iter().filter(|d| d.is_none()).count();
     scratch.clear();
-    scratch.resize(decoded.len() * hd, 0.0);
-    for (&k, out) in decoded.iter().zip(scratch.chunks_exact_mut(hd)) {
+    scratch.resize(decoded * hd, 0.0);
+    let missing = direct.iter().enumerate().filter(|(_, d)| d.is_none());
+    for ((k, _), out) in missing.zip(scratch.chunks_exact_mut(hd)) {
         rows.decode(k, g, dims, out);
     }
     let scratch: &'a Vec<f32> = scratch;
     let mut next = scratch.chunks_exact(hd);
-    (0..total)
-        .map(|k| {
-            rows.direct(k, g, dims)
-                .unwrap_or_else(|| next.next().expect("a decoded row"))
-        })
+    direct
+        .into_iter()
+        .map(|d| d.unwrap_or_else(|| next.next().expect("a decoded row")))
         .collect()
 }
 
-/// Halves in a row, at most, that are converted on the stack ([`TierRows::row`]).
+/// Halves converted on the stack at a time ([`TierRows::row`]).
 const STACK_HALVES: usize = 256;
 
 impl TierRows<'_> {
+    /// Key `k` of KV head `g` (table entry `entry`) where it lies, if its block is FP32.
+    fn f32_row(&self, entry: u32, k: usize, g: usize, dims: AttentionDims) -> Option<&[f32]> {
+        (entry >> TIER_SHIFT == 0).then(|| {
+            let row = (entry & SLOT_MASK) as usize * BLOCK_TOKENS + k % BLOCK_TOKENS;
+            let hd = dims.head_dim;
+            &self.f32_rows[(row * dims.n_kv_heads + g) * hd..][..hd]
+        })
+    }
+
     /// Key `k` of KV head `g` (table entry `entry`) decoded into `out` (`head_dim` values).
     fn row(&self, entry: u32, k: usize, g: usize, dims: AttentionDims, out: &mut [f32]) {
+        if let Some(values) = self.f32_row(entry, k, g, dims) {
+            out.copy_from_slice(values);
+            return;
+        }
         let (hd, n_kv) = (dims.head_dim, dims.n_kv_heads);
         let slot = (entry & SLOT_MASK) as usize;
         let row = slot * BLOCK_TOKENS + k % BLOCK_TOKENS;
         match entry >> TIER_SHIFT {
-            0 => out.copy_from_slice(&self.f32_rows[(row * n_kv + g) * hd..][..hd]),
             1 => {
-                let words = hd / 2;
-                let base = (row * n_kv + g) * words;
+                let base = (row * n_kv + g) * (hd / 2);
                 let scale = self.f16_scales[slot * n_kv + g];
-                if hd <= STACK_HALVES {
-                    // Whole rows through the slice conversion (F16C where the CPU has it).
-                    let mut halves = [f16::ZERO; STACK_HALVES];
-                    for (i, pair) in halves[..hd].chunks_exact_mut(2).enumerate() {
-                        let w = self.f16_rows.at(base + i);
+                // Through the slice conversion (F16C where the CPU has it), a stackful of
+                // halves at a time.
+                let mut halves = [f16::ZERO; STACK_HALVES];
+                for (c, part) in out.chunks_mut(STACK_HALVES).enumerate() {
+                    let first = base + c * STACK_HALVES / 2;
+                    for (i, pair) in halves[..part.len()].chunks_exact_mut(2).enumerate() {
+                        let w = self.f16_rows.at(first + i);
                         pair[0] = f16::from_bits(w as u16);
                         pair[1] = f16::from_bits((w >> 16) as u16);
                     }
-                    halves[..hd].convert_to_f32_slice(out);
-                    out.iter_mut().for_each(|v| *v *= scale);
-                } else {
-                    for (i, pair) in out.chunks_exact_mut(2).enumerate() {
-                        let w = self.f16_rows.at(base + i);
-                        pair[0] = f16::from_bits(w as u16).to_f32() * scale;
-                        pair[1] = f16::from_bits((w >> 16) as u16).to_f32() * scale;
-                    }
+                    halves[..part.len()].convert_to_f32_slice(part);
+                    part.iter_mut().for_each(|v| *v *= scale);
                 }
             }
             _ => {

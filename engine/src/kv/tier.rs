@@ -91,9 +91,7 @@ impl TierPolicy {
             _ => Tier::F16,
         }
     }
-}
 
-impl TierPolicy {
     /// The first length after `len` at which some block of a sequence changes tier
     /// (`None`: blocks never age). Rows computed in one pass from `len` all see the tiers
     /// of `len`; computed one at a time, a row at this length or beyond would see the
