@@ -14,7 +14,7 @@ fn main() {
     let w = QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales).unwrap();
     let w = InterleavedWeights::new(&w);
     let bytes = codes.len() + 2 * scales.len();
-    for tokens in [1usize, 8, 32] {
+    for tokens in [1usize, 2, 4, 8, 32] {
         let x: Vec<f32> = (0..tokens * cols)
             .map(|i| (i as f32 * 0.01).sin())
             .collect();

@@ -343,12 +343,19 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         }
         let mut tokens = Vec::new();
         if !rows.is_empty() {
-            let idx = Tensor::<B, 1, Int>::from_data(
-                TensorData::new(rows.clone(), [rows.len()]),
-                &self.model.device(),
-            );
             let mut refs: Vec<&mut Sampler> = samplers.iter_mut().collect();
-            tokens = pick_rows(logits.select(0, idx), &mut refs);
+            // Every row samples (the usual case): no copy of the rows picked.
+            let logits = if rows.len() as i64 == row {
+                logits
+            } else {
+                let n = rows.len();
+                let idx = Tensor::<B, 1, Int>::from_data(
+                    TensorData::new(rows, [n]),
+                    &self.model.device(),
+                );
+                logits.select(0, idx)
+            };
+            tokens = pick_rows(logits, &mut refs);
         }
         let mut at = 0;
         batch

@@ -82,6 +82,39 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut impl Rng) -> 
     bytes
 }
 
+/// The activations' SIMD quantization gives exactly the portable one's codes, scales and
+/// sums: on random values, on values at exact ties of the rounding (`k + 0.5` steps, which
+/// go to the even code), on an all-zero block and on blocks led by their largest value.
+#[test]
+fn activation_quantization_matches_the_portable_code_exactly() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let cols = 1536;
+    let mut x: Vec<f32> = (0..3 * cols)
+        .map(|_| rng.random_range(-3.0f32..3.0))
+        .collect();
+    // Block 1: max 127 so the step is 1, every other value a tie `k + 0.5`.
+    x[32] = 127.0;
+    for (i, v) in x[33..64].iter_mut().enumerate() {
+        *v = (i as f32 - 15.0) + 0.5;
+    }
+    // Block 2: all zero (scale 0).
+    x[64..96].fill(0.0);
+    // Block 3: the largest magnitude negative.
+    x[96] = -50.0;
+    for tokens in [1, 3] {
+        let x = &x[..tokens * cols];
+        let simd = Q8Activations::quantize(x, tokens, cols);
+        let portable = Q8Activations::quantize_portable(x, tokens, cols);
+        assert_eq!(simd, portable, "{tokens} tokens");
+        // The ties went to even codes (so the check above covers the rounding rule).
+        let codes = &simd.dequantize()[33..64];
+        assert!(
+            codes.iter().all(|c| (c.round() as i32) % 2 == 0),
+            "{codes:?}"
+        );
+    }
+}
+
 /// The CPU kernels at every SIMD level this machine has (and the portable one), on random
 /// blocks of each format and odd shapes, against the GGUF reader's dequantization:
 /// - with the activations the kernels multiply (8-bit, `Q8Activations::dequantize`), equal

@@ -26,10 +26,10 @@ fn argmax<B: Backend>(logits: Tensor<B, 2>) -> Tensor<B, 2, Int> {
     logits.argmax(1)
 }
 
-/// The greedy token of each row of `logits` `[rows, vocab]`, chosen on the device: one
-/// read-back of `rows` ids.
-pub fn argmax_rows<B: Backend>(logits: Tensor<B, 2>) -> Vec<u32> {
-    ids(read_back(argmax(logits)))
+/// The greedy token of each row of `logits` `[rows, vocab]`, chosen where the logits are
+/// (on a GPU, one read-back of `rows` ids).
+pub fn argmax_rows<B: SamplingOps>(logits: Tensor<B, 2>) -> Vec<u32> {
+    B::argmax_ids(logits)
 }
 
 /// [`argmax_rows`] without blocking the thread (in a browser).
@@ -44,6 +44,12 @@ pub trait SamplingOps: Backend {
     fn sample_rows(_logits: Tensor<Self, 2>, _draws: &[Draw]) -> Option<Tensor<Self, 1, Int>> {
         None
     }
+
+    /// The greedy token of each row of `logits`: burn's argmax on the device and one
+    /// read-back of the ids.
+    fn argmax_ids(logits: Tensor<Self, 2>) -> Vec<u32> {
+        ids(read_back(argmax(logits)))
+    }
 }
 
 impl<E, I, Q> SamplingOps for burn::backend::NdArray<E, I, Q>
@@ -54,6 +60,20 @@ where
     burn::backend::ndarray::NdArrayTensor:
         From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
 {
+    /// The host's vectorised argmax over the logits where they lie (burn-ndarray's
+    /// reduction and the row copies around it took 50 us a row).
+    fn argmax_ids(logits: Tensor<Self, 2>) -> Vec<u32> {
+        if burn::tensor::ops::FloatElem::<Self>::dtype() != burn::tensor::DType::F32 {
+            return ids(read_back(argmax(logits)));
+        }
+        let [rows, vocab] = logits.dims();
+        let values = crate::host_values::host_f32(logits);
+        values
+            .chunks_exact(vocab.max(1))
+            .take(rows)
+            .map(super::argmax)
+            .collect()
+    }
 }
 
 impl<R, F, I, BT> SamplingOps for CubeBackend<R, F, I, BT>
@@ -88,8 +108,8 @@ where
 
 /// How a step's rows get their tokens.
 enum Plan<B: Backend> {
-    /// Every row greedy: argmax on the device.
-    Greedy(Tensor<B, 2, Int>),
+    /// Every row greedy: the logits for [`SamplingOps::argmax_ids`].
+    Greedy(Tensor<B, 2>),
     /// The sampling kernel's ids, with the logits for rows that fall back.
     Device(Tensor<B, 1, Int>, Tensor<B, 2>),
     /// Every row from the logits on the host.
@@ -98,7 +118,7 @@ enum Plan<B: Backend> {
 
 fn plan<B: SamplingOps>(logits: Tensor<B, 2>, draws: &[Draw]) -> Plan<B> {
     if draws.iter().all(|d| d.top_k == 1) {
-        return Plan::Greedy(argmax(logits));
+        return Plan::Greedy(logits);
     }
     match B::sample_rows(logits.clone(), draws) {
         Some(ids) => Plan::Device(ids, logits),
@@ -156,7 +176,7 @@ async fn logits_async<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<f32>, Stri
 pub fn pick_rows<B: SamplingOps>(logits: Tensor<B, 2>, samplers: &mut [&mut Sampler]) -> Vec<u32> {
     let draws: Vec<Draw> = samplers.iter_mut().map(|s| s.draw()).collect();
     match plan(logits, &draws) {
-        Plan::Greedy(ids_t) => ids(read_back(ids_t)),
+        Plan::Greedy(logits) => B::argmax_ids(logits),
         Plan::Host(logits) => choose_all(&logits_to_vec(logits), samplers, &draws),
         Plan::Device(ids_t, logits) => {
             let mut tokens = ids(read_back(ids_t));
@@ -176,7 +196,7 @@ pub async fn pick_rows_async<B: SamplingOps>(
 ) -> Result<Vec<u32>, String> {
     let draws: Vec<Draw> = samplers.iter_mut().map(|s| s.draw()).collect();
     Ok(match plan(logits, &draws) {
-        Plan::Greedy(ids_t) => ids(read_back_async(ids_t).await?),
+        Plan::Greedy(logits) => ids(read_back_async(argmax(logits)).await?),
         Plan::Host(logits) => choose_all(&logits_async(logits).await?, samplers, &draws),
         Plan::Device(ids_t, logits) => {
             let mut tokens = ids(read_back_async(ids_t).await?);

@@ -1,7 +1,7 @@
 //! `fornax bench spec`: speculative decoding off, with prompt lookup (n-gram) and with the
 //! self-draft, side by side in one run, on repetitive text (a list, a schedule, code, a
 //! chat that quotes its prompt) and on free text. Each case is one greedy request through the
-//! engine; the three settings alternate within every run.
+//! engine; the three settings' engines take their steps in turn, each step timed alone.
 
 use std::time::Instant;
 
@@ -18,14 +18,13 @@ use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
 use fornax_engine::{Engine, EngineBackend, Event, Request};
 
 use super::super::{load_model, parse, tokenizer, ModelArgs};
-use super::median;
 
 #[derive(Args, Debug)]
 pub struct SpecBenchArgs {
     /// Tokens generated per case at most (a case ends earlier at end of sequence).
     #[arg(long, default_value_t = 96)]
     pub gen_tokens: usize,
-    /// Measured runs (after one warm-up run); each alternates the settings.
+    /// Measured runs (after one warm-up run); the settings take turns step by step.
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
     /// Tokens drafted per step at most.
@@ -115,14 +114,46 @@ fn setting_name(s: Option<ProposerKind>) -> &'static str {
 #[derive(Debug, Clone, Default)]
 struct Run {
     tokens: Vec<u32>,
-    /// Seconds from the first token to the last.
-    decode_s: f64,
-    /// Forward passes after the first token.
-    decode_steps: u64,
-    /// Seconds from submission to the 32nd token (the last, if fewer).
-    to_32nd_s: f64,
+    /// Seconds each step took, in order.
+    step_s: Vec<f64>,
+    /// The step that brought the first token.
+    first_step: usize,
+    /// The step that brought the 32nd token (the last, if fewer).
+    step_32nd: usize,
     proposed: u64,
     accepted: u64,
+}
+
+impl Run {
+    /// Forward passes after the first token.
+    fn decode_steps(&self) -> usize {
+        self.step_s.len() - 1 - self.first_step
+    }
+
+    /// Seconds from the first token to the last.
+    fn decode_s(&self) -> f64 {
+        self.step_s[self.first_step + 1..].iter().sum()
+    }
+
+    /// Seconds from submission to the 32nd token.
+    fn to_32nd_s(&self) -> f64 {
+        self.step_s[..=self.step_32nd].iter().sum()
+    }
+
+    /// The first of `runs` (the same request, the same steps) with each step's best time.
+    fn best_steps(runs: &[Run]) -> Result<Run> {
+        let mut best = runs[0].clone();
+        for r in &runs[1..] {
+            ensure!(
+                r.tokens == best.tokens && r.step_s.len() == best.step_s.len(),
+                "a run took different steps"
+            );
+            for (b, &t) in best.step_s.iter_mut().zip(&r.step_s) {
+                *b = b.min(t);
+            }
+        }
+        Ok(best)
+    }
 }
 
 struct SpecBench<'a> {
@@ -141,63 +172,73 @@ impl SpecBench<'_> {
         })
     }
 
-    fn run_one<B: EngineBackend>(
+    /// One engine per setting on the same prompt, stepped in turn (one step of each, then
+    /// the next round), each step timed alone: a slow patch of a shared machine lands on
+    /// every setting alike instead of on whichever ran through it.
+    fn run_case<B: EngineBackend>(
         &self,
         model: &LlamaModel<B>,
         prompt: &[u32],
-        setting: Option<ProposerKind>,
-    ) -> Result<Run> {
+    ) -> Result<[Run; SETTINGS.len()]> {
         let a = self.args;
         let blocks = (prompt.len() + a.gen_tokens + a.spec_tokens).div_ceil(32) + 2;
-        let kv = model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
         let config = SchedulerConfig {
             max_batch: 1,
             ..SchedulerConfig::default()
         };
-        let mut engine = Engine::new(model, kv, config, PolicyKind::Fcfs);
-        if let Some(proposer) = setting {
-            engine = engine.with_speculation(SpecConfig {
-                proposer,
-                tokens: a.spec_tokens,
-                draft_layers: a.spec_draft_layers,
-            });
+        let mut engines = Vec::new();
+        for setting in SETTINGS {
+            let kv = model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
+            let mut engine = Engine::new(model, kv, config, PolicyKind::Fcfs);
+            if let Some(proposer) = setting {
+                engine = engine.with_speculation(SpecConfig {
+                    proposer,
+                    tokens: a.spec_tokens,
+                    draft_layers: a.spec_draft_layers,
+                });
+            }
+            engine.submit(Request {
+                prompt: prompt.to_vec(),
+                max_tokens: a.gen_tokens,
+                qos: 0,
+                sampling: SamplingParams::greedy(),
+                stop_ids: self.tok.stop_ids(),
+            })?;
+            engines.push(engine);
         }
-        let start = Instant::now();
-        engine.submit(Request {
-            prompt: prompt.to_vec(),
-            max_tokens: a.gen_tokens,
-            qos: 0,
-            sampling: SamplingParams::greedy(),
-            stop_ids: self.tok.stop_ids(),
-        })?;
-        let mut run = Run::default();
-        let mut first = None;
-        while !engine.is_idle() {
-            let events = engine.step()?;
-            let now = start.elapsed().as_secs_f64();
-            for e in events {
-                if let Event::Token { token, .. } = e {
-                    run.tokens.push(token);
-                    if run.tokens.len() <= 32 {
-                        run.to_32nd_s = now;
-                    }
+        let mut runs: [Run; SETTINGS.len()] = Default::default();
+        while engines.iter().any(|e| !e.is_idle()) {
+            for (engine, run) in engines.iter_mut().zip(runs.iter_mut()) {
+                if engine.is_idle() {
+                    continue;
+                }
+                let t = Instant::now();
+                let events = engine.step()?;
+                run.step_s.push(t.elapsed().as_secs_f64());
+                let step = run.step_s.len() - 1;
+                let had = run.tokens.len();
+                run.tokens
+                    .extend(events.into_iter().filter_map(|e| match e {
+                        Event::Token { token, .. } => Some(token),
+                        _ => None,
+                    }));
+                if had == 0 && !run.tokens.is_empty() {
+                    run.first_step = step;
+                }
+                if had < 32 && run.tokens.len() > had {
+                    run.step_32nd = step;
                 }
             }
-            if first.is_none() && !run.tokens.is_empty() {
-                first = Some((now, engine.steps));
-            }
-            if let Some((t, steps)) = first {
-                run.decode_s = now - t;
-                run.decode_steps = engine.steps - steps;
-            }
         }
-        run.proposed = engine.spec_stats.proposed;
-        run.accepted = engine.spec_stats.accepted;
-        Ok(run)
+        for (run, engine) in runs.iter_mut().zip(&engines) {
+            run.proposed = engine.spec_stats.proposed;
+            run.accepted = engine.spec_stats.accepted;
+        }
+        Ok(runs)
     }
 }
 
-/// Figures of one setting over one class of cases in one run.
+/// Figures of one setting over one class of cases.
 #[derive(Debug, Clone, Copy, Default)]
 struct Sum {
     decoded: u64,
@@ -211,9 +252,9 @@ struct Sum {
 impl Sum {
     fn add(&mut self, r: &Run) {
         self.decoded += r.tokens.len() as u64 - 1;
-        self.decode_s += r.decode_s;
-        self.steps += r.decode_steps;
-        self.to_32nd_s += r.to_32nd_s;
+        self.decode_s += r.decode_s();
+        self.steps += r.decode_steps() as u64;
+        self.to_32nd_s += r.to_32nd_s();
         self.proposed += r.proposed;
         self.accepted += r.accepted;
     }
@@ -224,6 +265,7 @@ impl BackendTask for SpecBench<'_> {
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
         let a = self.args;
+        ensure!(a.runs >= 1, "--runs must be at least 1");
         let model: LlamaModel<B> = load_model::<B>(self.gguf, &device, a.model.load_options())?;
         let prompts: Vec<Vec<u32>> = CASES
             .iter()
@@ -231,23 +273,24 @@ impl BackendTask for SpecBench<'_> {
             .collect::<Result<_>>()?;
         println!("backend: {} | adapter: {}", info.kind, info.adapter);
         println!(
-            "{} tokens per case, greedy, up to {} drafted per step, self-draft of {} of {} layers, {} runs (settings alternate within each)",
+            "{} tokens per case, greedy, up to {} drafted per step, self-draft of {} of {} layers, {} runs (the settings take turns step by step)",
             a.gen_tokens, a.spec_tokens, a.spec_draft_layers, model.config.n_layers, a.runs
         );
-        // sums[run][class][setting]
-        let mut sums = vec![[[Sum::default(); 3]; 2]; a.runs];
-        // The warm-up run's figures per case: the tokens compared and the per-case table.
-        let mut first: Vec<[Run; 3]> = vec![Default::default(); CASES.len()];
-        for run in 0..=a.runs {
-            for (c, case) in CASES.iter().enumerate() {
-                for (k, &setting) in SETTINGS.iter().enumerate() {
-                    let r = self.run_one(&model, &prompts[c], setting)?;
-                    if run == 0 {
-                        first[c][k] = r;
-                    } else {
-                        sums[run - 1][usize::from(!case.repetitive)][k].add(&r);
-                    }
+        // The warm-up run, then the measured ones: runs[case][setting][run].
+        let mut runs: Vec<[Vec<Run>; 3]> = vec![Default::default(); CASES.len()];
+        for _ in 0..=a.runs {
+            for (c, prompt) in prompts.iter().enumerate() {
+                for (k, r) in self.run_case(&model, prompt)?.into_iter().enumerate() {
+                    runs[c][k].push(r);
                 }
+            }
+        }
+        // sums[class][setting], over each step's best time in the measured runs.
+        let mut sums = [[Sum::default(); 3]; 2];
+        for (c, case) in CASES.iter().enumerate() {
+            for k in 0..SETTINGS.len() {
+                let best = Run::best_steps(&runs[c][k][1..])?;
+                sums[usize::from(!case.repetitive)][k].add(&best);
             }
         }
         println!();
@@ -255,21 +298,21 @@ impl BackendTask for SpecBench<'_> {
         println!("|---|---|---|---|");
         let mut all_same = true;
         for (c, case) in CASES.iter().enumerate() {
-            let same = |k: usize| first[c][k].tokens == first[c][0].tokens;
+            let same = |k: usize| runs[c][k][0].tokens == runs[c][0][0].tokens;
             all_same &= same(1) && same(2);
             let cell = |k: usize| {
-                let r = &first[c][k];
+                let r = &runs[c][k][0];
                 let rate = match r.proposed {
                     0 => "-".to_string(),
                     p => format!("{:.0}%", 100.0 * r.accepted as f64 / p as f64),
                 };
-                let per_pass = (r.tokens.len() as f64 - 1.0) / r.decode_steps.max(1) as f64;
+                let per_pass = (r.tokens.len() as f64 - 1.0) / r.decode_steps().max(1) as f64;
                 format!("{}, {rate}, {per_pass:.2}", yes(same(k)))
             };
             println!(
                 "| {} | {} | {} | {} |",
                 case.name,
-                first[c][0].tokens.len(),
+                runs[c][0][0].tokens.len(),
                 cell(1),
                 cell(2)
             );
@@ -285,17 +328,15 @@ impl BackendTask for SpecBench<'_> {
             println!("{label}:");
             println!("| setting | acceptance | tokens per pass | decode tok/s | vs off | time to 32nd token | vs off |");
             println!("|---|---|---|---|---|---|---|");
-            let fig = |k: usize, f: &dyn Fn(&Sum) -> f64| {
-                median(sums.iter().map(|s| f(&s[class][k])).collect())
-            };
-            let tps = |k| fig(k, &|s| s.decoded as f64 / s.decode_s);
+            let sum = &sums[class];
+            let tps = |k: usize| sum[k].decoded as f64 / sum[k].decode_s;
             let cases = CASES
                 .iter()
                 .filter(|c| c.repetitive == (class == 0))
                 .count() as f64;
-            let t32 = |k| fig(k, &|s| s.to_32nd_s / cases);
+            let t32 = |k: usize| sum[k].to_32nd_s / cases;
             for (k, &setting) in SETTINGS.iter().enumerate() {
-                let last = &sums[a.runs - 1][class][k];
+                let last = &sum[k];
                 let acceptance = match last.proposed {
                     0 => "-".to_string(),
                     p => format!("{:.0}%", 100.0 * last.accepted as f64 / p as f64),
@@ -314,7 +355,8 @@ impl BackendTask for SpecBench<'_> {
         }
         println!();
         println!(
-            "decode tok/s and time to the 32nd token: medians over runs of each class's totals (time: mean per case); tokens per pass and acceptance: last run"
+            "decode tok/s and time to the 32nd token (mean per case): each step at its best time over the {} runs (a run repeats the same steps, so the best is the one least disturbed by other work on the machine)",
+            a.runs
         );
         ensure!(all_same, "a setting changed the greedy output");
         Ok(())
