@@ -6,11 +6,18 @@ use crate::sampling::{Sampler, SamplingParams};
 #[test]
 fn ngram_drafts_what_followed_the_latest_match() {
     let p = NgramProposer::default();
-    // "1, 2, 3, 1, 2" -> the trigram is unseen; "1, 2" last occurred at 0, then "3, 1, 2".
-    assert_eq!(p.lookup(&[1, 2, 3, 1, 2], 4), vec![3, 1, 2]);
+    // "1, 2, 3, 1, 2" -> the trigram is unseen; "1, 2" last occurred at 0, then "3": a
+    // match of n tokens drafts at most n - 2 (at least one).
+    assert_eq!(p.lookup(&[1, 2, 3, 1, 2], 4), vec![3]);
     assert_eq!(p.lookup(&[1, 2, 3, 1, 2], 1), vec![3]);
     // The longest n-gram wins: "7 8 9" matches at 4, not "8 9" at 0.
-    assert_eq!(p.lookup(&[8, 9, 5, 5, 7, 8, 9, 6, 7, 8, 9], 2), vec![6, 7]);
+    assert_eq!(p.lookup(&[8, 9, 5, 5, 7, 8, 9, 6, 7, 8, 9], 2), vec![6]);
+    // A match of five drafts three, of six four (up to `max`).
+    let five = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5];
+    assert_eq!(p.lookup(&five, 4), vec![6, 7, 8]);
+    let six = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6];
+    assert_eq!(p.lookup(&six, 4), vec![7, 8, 9, 0]);
+    assert_eq!(p.lookup(&six, 3), vec![7, 8, 9]);
     // Up to five tokens back: "1 2 3 4 5" at 0 (then 9), not the later "3 4 5" (then 7).
     let tokens = [1, 2, 3, 4, 5, 9, 3, 4, 5, 7, 1, 2, 3, 4, 5];
     assert_eq!(p.lookup(&tokens, 1), vec![9]);
