@@ -1,6 +1,7 @@
 //! Tokens chosen where the logits are: a step reads back one token id per sequence instead
 //! of its whole row of logits (49,152 floats for the default model). Greedy rows take the
-//! row's argmax (burn's reduction); sampled rows go through our sampling kernel
+//! row's argmax (burn's reduction on CubeCL backends, the host's vectorised
+//! [`super::argmax`] on the CPU backend); sampled rows go through our sampling kernel
 //! (`fornax_shaders::sampling`) on CubeCL backends, with the draw made on the host from
 //! the request's seeded generator. A row whose token lies beyond the kernel's window, and
 //! every row on other backends, is read back and sampled on the host with the same draw.
