@@ -27,6 +27,11 @@ fn argmax<B: Backend>(logits: Tensor<B, 2>) -> Tensor<B, 2, Int> {
     logits.argmax(1)
 }
 
+/// burn's argmax of each row on the device and one read-back of the ids.
+fn device_argmax_ids<B: Backend>(logits: Tensor<B, 2>) -> Vec<u32> {
+    ids(read_back(argmax(logits)))
+}
+
 /// The greedy token of each row of `logits` `[rows, vocab]`, chosen where the logits are
 /// (on a GPU, one read-back of `rows` ids).
 pub fn argmax_rows<B: SamplingOps>(logits: Tensor<B, 2>) -> Vec<u32> {
@@ -49,7 +54,7 @@ pub trait SamplingOps: Backend {
     /// The greedy token of each row of `logits`: burn's argmax on the device and one
     /// read-back of the ids.
     fn argmax_ids(logits: Tensor<Self, 2>) -> Vec<u32> {
-        ids(read_back(argmax(logits)))
+        device_argmax_ids(logits)
     }
 }
 
@@ -65,13 +70,11 @@ where
     /// reduction and the row copies around it took 50 us a row).
     fn argmax_ids(logits: Tensor<Self, 2>) -> Vec<u32> {
         if burn::tensor::ops::FloatElem::<Self>::dtype() != burn::tensor::DType::F32 {
-            return ids(read_back(argmax(logits)));
+            return device_argmax_ids(logits);
         }
-        let [rows, vocab] = logits.dims();
-        let values = crate::host_values::host_f32(logits);
-        values
+        let [_, vocab] = logits.dims();
+        crate::host_values::host_f32(logits)
             .chunks_exact(vocab.max(1))
-            .take(rows)
             .map(super::argmax)
             .collect()
     }
@@ -197,7 +200,7 @@ pub async fn pick_rows_async<B: SamplingOps>(
 ) -> Result<Vec<u32>, String> {
     let draws: Vec<Draw> = samplers.iter_mut().map(|s| s.draw()).collect();
     Ok(match plan(logits, &draws) {
-        Plan::Greedy(logits) => ids(read_back_async(argmax(logits)).await?),
+        Plan::Greedy(logits) => argmax_rows_async(logits).await?,
         Plan::Host(logits) => choose_all(&logits_async(logits).await?, samplers, &draws),
         Plan::Device(ids_t, logits) => {
             let mut tokens = ids(read_back_async(ids_t).await?);
