@@ -49,6 +49,8 @@ struct Decoding {
 struct Speculation<B: EngineBackend> {
     config: SpecConfig,
     proposer: Box<dyn Proposer<B>>,
+    /// The proposer's cost per drafted token, as a fraction of a decoding step.
+    draft_cost: f32,
 }
 
 /// A model, its KV pool and the scheduler.
@@ -96,8 +98,10 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
     /// `config.tokens` tokens with the configured proposer, verified in the step's pass.
     pub fn with_speculation(mut self, config: SpecConfig) -> Self {
         if config.tokens > 0 {
+            let proposer = config.proposer();
             self.speculation = Some(Speculation {
-                proposer: config.proposer(),
+                draft_cost: proposer.draft_cost(&self.model.config),
+                proposer,
                 config,
             });
         }
@@ -136,7 +140,9 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             Decoding {
                 sampler: Sampler::new(request.sampling),
                 stop_ids: request.stop_ids,
-                acceptance: Acceptance::default(),
+                acceptance: Acceptance::new(
+                    self.speculation.as_ref().map_or(0.0, |s| s.draft_cost),
+                ),
             },
         );
         Ok(id)

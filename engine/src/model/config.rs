@@ -39,6 +39,17 @@ impl LlamaConfig {
         self.d_model / self.n_heads
     }
 
+    /// Weights one decoder block multiplies a token by (Q, K, V, O and the feed-forward).
+    pub fn layer_weights(&self) -> usize {
+        let kv = self.n_kv_heads * self.head_dim();
+        self.d_model * (2 * self.d_model + 2 * kv) + 3 * self.d_model * self.d_ff
+    }
+
+    /// Weights the output layer multiplies a token by.
+    pub fn head_weights(&self) -> usize {
+        self.vocab_size * self.d_model
+    }
+
     /// Reads the hyper-parameters of a `llama` GGUF file.
     pub fn from_gguf(file: &GgufFile<'_>) -> Result<Self, ModelError> {
         let arch = file.str("general.architecture")?;

@@ -2,7 +2,7 @@
 
 use super::{DraftRequest, Proposer};
 use crate::kv::PagedKv;
-use crate::model::{LlamaModel, SeqTokens};
+use crate::model::{LlamaConfig, LlamaModel, SeqTokens};
 use crate::sampling::argmax_rows;
 use crate::EngineBackend;
 
@@ -65,5 +65,14 @@ impl<B: EngineBackend> Proposer<B> for SelfDraft {
             kv.restore(r.seq, start).expect("drafted sequence");
         }
         drafts
+    }
+
+    /// The draft's layers and the output layer, against the whole model's: weights read
+    /// and multiplied per token.
+    fn draft_cost(&self, config: &LlamaConfig) -> f32 {
+        let layer = config.layer_weights() as f32;
+        let head = config.head_weights() as f32;
+        let layers = self.layers.min(config.n_layers) as f32;
+        (layers * layer + head) / (config.n_layers as f32 * layer + head)
     }
 }

@@ -1,6 +1,7 @@
 //! Proposers, the acceptance rule and the per-request switch.
 
 use super::*;
+use crate::model::LlamaConfig;
 use crate::sampling::{Sampler, SamplingParams};
 
 #[test]
@@ -21,8 +22,17 @@ fn ngram_drafts_what_followed_the_latest_match() {
     // Up to five tokens back: "1 2 3 4 5" at 0 (then 9), not the later "3 4 5" (then 7).
     let tokens = [1, 2, 3, 4, 5, 9, 3, 4, 5, 7, 1, 2, 3, 4, 5];
     assert_eq!(p.lookup(&tokens, 1), vec![9]);
-    // A single repeated token is not matched (n >= 2), nothing is invented.
-    assert!(p.lookup(&[4, 5, 6, 4], 4).is_empty());
+    // A match one token shorter but more recent wins: in " 16, 17, 26, " (space 7,
+    // comma 8) "6, " last occurred in "16, " (then "1"), ", " in "17, " (then "2").
+    assert_eq!(
+        p.lookup(&[7, 1, 6, 8, 7, 1, 7, 8, 7, 2, 6, 8, 7], 3),
+        vec![2]
+    );
+    // Two shorter loses: "1 2 3" (then 4) against the later "3" (then 9).
+    assert_eq!(p.lookup(&[1, 2, 3, 4, 3, 9, 1, 2, 3], 1), vec![4]);
+    // A single token drafts one; nothing is invented.
+    assert_eq!(p.lookup(&[4, 5, 6, 4], 4), vec![5]);
+    assert!(p.lookup(&[4, 5, 6], 4).is_empty());
     assert!(p.lookup(&[1], 4).is_empty());
 }
 
@@ -180,6 +190,75 @@ fn low_acceptance_pauses_drafting_for_longer_each_time() {
 }
 
 #[test]
+fn a_costlier_proposer_pauses_sooner_and_for_longer() {
+    // (drafts rejected before each pause, steps of the pause) for a proposer whose drafts
+    // cost nothing, and for the self-draft of 8 of SmolLM2-135M's 30 layers (0.42 of a step).
+    let pauses = |cost: f32| {
+        let mut a = Acceptance::new(cost);
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let mut drafts = 0;
+            while a.wants_draft() {
+                a.record(1, 0);
+                drafts += 1;
+            }
+            let mut steps = 1;
+            while !a.wants_draft() {
+                steps += 1;
+            }
+            runs.push((drafts, steps));
+            a.record(1, 0);
+        }
+        runs
+    };
+    assert_eq!(pauses(0.0), vec![(2, 8), (1, 16), (1, 32)]);
+    assert_eq!(pauses(0.42), vec![(1, 15), (0, 30), (0, 60)]);
+    // Half of the drafted tokens kept pays for a cheap proposer, not for one that costs
+    // as much as 0.42 of a step per token.
+    let pauses_at_half = |cost: f32| {
+        let mut a = Acceptance::new(cost);
+        (0..20)
+            .filter(|_| {
+                let draft = a.wants_draft();
+                if draft {
+                    a.record(2, 1);
+                }
+                !draft
+            })
+            .count()
+    };
+    assert_eq!(pauses_at_half(0.0), 0);
+    assert!(pauses_at_half(0.42) > 0);
+}
+
+#[test]
+fn the_self_draft_costs_its_share_of_the_weights() {
+    let config = LlamaConfig {
+        vocab_size: 49152,
+        d_model: 576,
+        n_layers: 30,
+        n_heads: 9,
+        n_kv_heads: 3,
+        d_ff: 1536,
+        max_seq_len: 8192,
+        rope_theta: 10000.0,
+        rms_eps: 1e-5,
+        tied_embeddings: true,
+    };
+    type B = burn::backend::NdArray<f32>;
+    let cost = |layers| <SelfDraft as Proposer<B>>::draft_cost(&SelfDraft { layers }, &config);
+    // A layer multiplies by 3.54 M weights, the output layer by 28.3 M (8 layers' worth).
+    assert!((cost(8) - 16.0 / 38.0).abs() < 0.01, "{}", cost(8));
+    assert!((cost(30) - 1.0).abs() < 1e-6);
+    assert!(cost(0) > 0.2 && cost(0) < cost(1));
+    let ngram = NgramProposer::default();
+    assert_eq!(
+        <NgramProposer as Proposer<B>>::draft_cost(&ngram, &config),
+        0.0
+    );
+}
+
+#[test]
 fn proposer_names_parse() {
     assert_eq!("ngram".parse::<ProposerKind>(), Ok(ProposerKind::Ngram));
     assert_eq!("draft".parse::<ProposerKind>(), Ok(ProposerKind::SelfDraft));
@@ -189,7 +268,9 @@ fn proposer_names_parse() {
 #[test]
 fn a_rejection_shortens_the_next_draft_until_one_is_kept_whole() {
     let mut a = Acceptance::default();
-    assert_eq!(a.draft_len(3), 3);
+    assert_eq!(a.draft_len(3), 1, "a request's first draft is one token");
+    a.record(1, 1);
+    assert_eq!(a.draft_len(3), 3, "a draft kept whole allows the limit");
     a.record(3, 1);
     assert_eq!(
         a.draft_len(3),
