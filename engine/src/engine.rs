@@ -289,7 +289,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                     d.sampler.draw();
                 }
                 if s.drafted > 0 {
-                    d.acceptance.record(s.drafted, *accepted);
+                    d.acceptance.record(s.drafted, *accepted, plan.batch.len());
                     self.spec_stats.proposed += s.drafted as u64;
                     self.spec_stats.accepted += *accepted as u64;
                     self.spec_stats.verifications += 1;

@@ -172,7 +172,7 @@ fn low_acceptance_pauses_drafting_for_longer_each_time() {
     let mut pauses = Vec::new();
     for _ in 0..3 {
         while a.wants_draft() {
-            a.record(4, 0);
+            a.record(4, 0, 1);
         }
         let mut steps = 1;
         while !a.wants_draft() {
@@ -185,7 +185,7 @@ fn low_acceptance_pauses_drafting_for_longer_each_time() {
     let mut b = Acceptance::default();
     for _ in 0..100 {
         assert!(b.wants_draft());
-        b.record(4, 3);
+        b.record(4, 3, 1);
     }
 }
 
@@ -199,7 +199,7 @@ fn a_costlier_proposer_pauses_sooner_and_for_longer() {
         for _ in 0..3 {
             let mut drafts = 0;
             while a.wants_draft() {
-                a.record(1, 0);
+                a.record(1, 0, 1);
                 drafts += 1;
             }
             let mut steps = 1;
@@ -207,7 +207,7 @@ fn a_costlier_proposer_pauses_sooner_and_for_longer() {
                 steps += 1;
             }
             runs.push((drafts, steps));
-            a.record(1, 0);
+            a.record(1, 0, 1);
         }
         runs
     };
@@ -221,7 +221,7 @@ fn a_costlier_proposer_pauses_sooner_and_for_longer() {
             .filter(|_| {
                 let draft = a.wants_draft();
                 if draft {
-                    a.record(2, 1);
+                    a.record(2, 1, 1);
                 }
                 !draft
             })
@@ -229,6 +229,28 @@ fn a_costlier_proposer_pauses_sooner_and_for_longer() {
     };
     assert_eq!(pauses_at_half(0.0), 0);
     assert!(pauses_at_half(0.42) > 0);
+}
+
+#[test]
+fn a_drafted_row_costs_more_of_a_bigger_batch() {
+    use super::acceptance::row_cost;
+    assert!((row_cost(1) - 0.15).abs() < 1e-6);
+    assert!((1..64).all(|b| row_cost(b) < row_cost(b + 1) && row_cost(b + 1) < 1.0));
+    // Half of the drafted tokens kept: worth it alone, not in a step of 8 sequences.
+    let pauses_at_half = |batch: usize| {
+        let mut a = Acceptance::default();
+        (0..40)
+            .filter(|_| {
+                let draft = a.wants_draft();
+                if draft {
+                    a.record(2, 1, batch);
+                }
+                !draft
+            })
+            .count()
+    };
+    assert_eq!(pauses_at_half(1), 0);
+    assert!(pauses_at_half(8) > 0);
 }
 
 #[test]
@@ -269,16 +291,16 @@ fn proposer_names_parse() {
 fn a_rejection_shortens_the_next_draft_until_one_is_kept_whole() {
     let mut a = Acceptance::default();
     assert_eq!(a.draft_len(3), 1, "a request's first draft is one token");
-    a.record(1, 1);
+    a.record(1, 1, 1);
     assert_eq!(a.draft_len(3), 3, "a draft kept whole allows the limit");
-    a.record(3, 1);
+    a.record(3, 1, 1);
     assert_eq!(
         a.draft_len(3),
         2,
         "one more than the last verification kept"
     );
-    a.record(2, 2);
+    a.record(2, 2, 1);
     assert_eq!(a.draft_len(3), 3, "a draft kept whole restores the limit");
-    a.record(3, 0);
+    a.record(3, 0, 1);
     assert_eq!(a.draft_len(3), 1);
 }

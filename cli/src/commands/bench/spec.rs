@@ -33,6 +33,9 @@ pub struct SpecBenchArgs {
     /// Layers of the self-draft.
     #[arg(long, default_value_t = 8)]
     pub spec_draft_layers: usize,
+    /// Copies of each case decoded together in one batch (speculation inside a batch).
+    #[arg(long, default_value_t = 1)]
+    pub sequences: usize,
     #[command(flatten)]
     pub model: ModelArgs,
 }
@@ -181,12 +184,14 @@ impl SpecBench<'_> {
         prompt: &[u32],
     ) -> Result<[Run; SETTINGS.len()]> {
         let a = self.args;
-        let blocks = (prompt.len() + a.gen_tokens + a.spec_tokens).div_ceil(32) + 2;
+        let blocks = a.sequences * ((prompt.len() + a.gen_tokens + a.spec_tokens).div_ceil(32) + 2);
         let config = SchedulerConfig {
-            max_batch: 1,
+            max_batch: a.sequences,
             ..SchedulerConfig::default()
         };
         let mut engines = Vec::new();
+        // Each engine's first request: the copies decode the same tokens.
+        let mut firsts = Vec::new();
         for setting in SETTINGS {
             let kv = model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
             let mut engine = Engine::new(model, kv, config, PolicyKind::Fcfs);
@@ -197,18 +202,23 @@ impl SpecBench<'_> {
                     draft_layers: a.spec_draft_layers,
                 });
             }
-            engine.submit(Request {
-                prompt: prompt.to_vec(),
-                max_tokens: a.gen_tokens,
-                qos: 0,
-                sampling: SamplingParams::greedy(),
-                stop_ids: self.tok.stop_ids(),
-            })?;
+            let ids = (0..a.sequences)
+                .map(|_| {
+                    engine.submit(Request {
+                        prompt: prompt.to_vec(),
+                        max_tokens: a.gen_tokens,
+                        qos: 0,
+                        sampling: SamplingParams::greedy(),
+                        stop_ids: self.tok.stop_ids(),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            firsts.push(ids[0]);
             engines.push(engine);
         }
         let mut runs: [Run; SETTINGS.len()] = Default::default();
         while engines.iter().any(|e| !e.is_idle()) {
-            for (engine, run) in engines.iter_mut().zip(runs.iter_mut()) {
+            for ((engine, run), &first) in engines.iter_mut().zip(runs.iter_mut()).zip(&firsts) {
                 if engine.is_idle() {
                     continue;
                 }
@@ -219,7 +229,7 @@ impl SpecBench<'_> {
                 let had = run.tokens.len();
                 run.tokens
                     .extend(events.into_iter().filter_map(|e| match e {
-                        Event::Token { token, .. } => Some(token),
+                        Event::Token { id, token } if id == first => Some(token),
                         _ => None,
                     }));
                 if had == 0 && !run.tokens.is_empty() {
@@ -250,8 +260,9 @@ struct Sum {
 }
 
 impl Sum {
-    fn add(&mut self, r: &Run) {
-        self.decoded += r.tokens.len() as u64 - 1;
+    /// `r`, decoded by `copies` requests together.
+    fn add(&mut self, r: &Run, copies: usize) {
+        self.decoded += copies as u64 * (r.tokens.len() as u64 - 1);
         self.decode_s += r.decode_s();
         self.steps += r.decode_steps() as u64;
         self.to_32nd_s += r.to_32nd_s();
@@ -266,6 +277,7 @@ impl BackendTask for SpecBench<'_> {
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
         let a = self.args;
         ensure!(a.runs >= 1, "--runs must be at least 1");
+        ensure!(a.sequences >= 1, "--sequences must be at least 1");
         let model: LlamaModel<B> = load_model::<B>(self.gguf, &device, a.model.load_options())?;
         let prompts: Vec<Vec<u32>> = CASES
             .iter()
@@ -273,8 +285,8 @@ impl BackendTask for SpecBench<'_> {
             .collect::<Result<_>>()?;
         println!("backend: {} | adapter: {}", info.kind, info.adapter);
         println!(
-            "{} tokens per case, greedy, up to {} drafted per step, self-draft of {} of {} layers, {} runs (the settings take turns step by step)",
-            a.gen_tokens, a.spec_tokens, a.spec_draft_layers, model.config.n_layers, a.runs
+            "{} tokens per case, greedy, {} sequence(s) per case in one batch, up to {} drafted per step, self-draft of {} of {} layers, {} runs (the settings take turns step by step)",
+            a.gen_tokens, a.sequences, a.spec_tokens, a.spec_draft_layers, model.config.n_layers, a.runs
         );
         // The warm-up run, then the measured ones: runs[case][setting][run].
         let mut runs: Vec<[Vec<Run>; 3]> = vec![Default::default(); CASES.len()];
@@ -290,7 +302,7 @@ impl BackendTask for SpecBench<'_> {
         for (c, case) in CASES.iter().enumerate() {
             for k in 0..SETTINGS.len() {
                 let best = Run::best_steps(&runs[c][k][1..])?;
-                sums[usize::from(!case.repetitive)][k].add(&best);
+                sums[usize::from(!case.repetitive)][k].add(&best, a.sequences);
             }
         }
         println!();
