@@ -40,6 +40,10 @@ impl NgramProposer {
                 .count();
             if n >= self.min_n.max(1) && latest[n].is_none() {
                 latest[n] = Some(end);
+                // Older places cannot beat a match of `max_n` found already.
+                if n == self.max_n {
+                    break;
+                }
             }
         }
         let Some(longest) = (1..=self.max_n).rev().find(|&n| latest[n].is_some()) else {

@@ -189,6 +189,20 @@ fn low_acceptance_pauses_drafting_for_longer_each_time() {
     }
 }
 
+/// Of `steps` steps in batches of `batch` sequences, those `a` pauses when every draft
+/// of two tokens keeps one.
+fn steps_paused_at_half(mut a: Acceptance, batch: usize, steps: usize) -> usize {
+    (0..steps)
+        .filter(|_| {
+            let draft = a.wants_draft();
+            if draft {
+                a.record(2, 1, batch);
+            }
+            !draft
+        })
+        .count()
+}
+
 #[test]
 fn a_costlier_proposer_pauses_sooner_and_for_longer() {
     // (drafts rejected before each pause, steps of the pause) for a proposer whose drafts
@@ -215,20 +229,8 @@ fn a_costlier_proposer_pauses_sooner_and_for_longer() {
     assert_eq!(pauses(0.42), vec![(1, 15), (0, 30), (0, 60)]);
     // Half of the drafted tokens kept pays for a cheap proposer, not for one that costs
     // as much as 0.42 of a step per token.
-    let pauses_at_half = |cost: f32| {
-        let mut a = Acceptance::new(cost);
-        (0..20)
-            .filter(|_| {
-                let draft = a.wants_draft();
-                if draft {
-                    a.record(2, 1, 1);
-                }
-                !draft
-            })
-            .count()
-    };
-    assert_eq!(pauses_at_half(0.0), 0);
-    assert!(pauses_at_half(0.42) > 0);
+    assert_eq!(steps_paused_at_half(Acceptance::new(0.0), 1, 20), 0);
+    assert!(steps_paused_at_half(Acceptance::new(0.42), 1, 20) > 0);
 }
 
 #[test]
@@ -237,20 +239,8 @@ fn a_drafted_row_costs_more_of_a_bigger_batch() {
     assert!((row_cost(1) - 0.15).abs() < 1e-6);
     assert!((1..64).all(|b| row_cost(b) < row_cost(b + 1) && row_cost(b + 1) < 1.0));
     // Half of the drafted tokens kept: worth it alone, not in a step of 8 sequences.
-    let pauses_at_half = |batch: usize| {
-        let mut a = Acceptance::default();
-        (0..40)
-            .filter(|_| {
-                let draft = a.wants_draft();
-                if draft {
-                    a.record(2, 1, batch);
-                }
-                !draft
-            })
-            .count()
-    };
-    assert_eq!(pauses_at_half(1), 0);
-    assert!(pauses_at_half(8) > 0);
+    assert_eq!(steps_paused_at_half(Acceptance::default(), 1, 40), 0);
+    assert!(steps_paused_at_half(Acceptance::default(), 8, 40) > 0);
 }
 
 #[test]
