@@ -32,6 +32,8 @@ pub struct MatvecShape {
     pub lanes: usize,
     /// Rows per cube.
     pub rows_per_cube: usize,
+    /// Rows each unit adds up (a divisor of `rows_per_cube`; even, or 1).
+    pub rows_per_unit: usize,
 }
 
 impl MatvecShape {
@@ -39,25 +41,58 @@ impl MatvecShape {
     pub const ROW_PER_UNIT: Self = Self {
         lanes: 1,
         rows_per_cube: 64,
+        rows_per_unit: 1,
     };
     /// 32 units per row, 4 rows per cube: a warp per row on NVIDIA GPUs, where the loads
     /// of neighbouring units coalesce.
     pub const WARP_PER_ROW: Self = Self {
         lanes: 32,
         rows_per_cube: 4,
+        rows_per_unit: 1,
     };
 
-    /// One plane (warp, subgroup) per row: 32 lanes on NVIDIA, 8 on lavapipe, where this
-    /// measured fastest of 1, 2, 4, 8 and 32 lanes (1536 x 576 Q4_1, one token: 6.5 ms
-    /// against 10.4 ms with a unit per row).
-    pub fn for_device<R: CubeRuntime>(client: &ComputeClient<R>) -> Self {
-        let lanes = client.properties().hardware.plane_size_max.clamp(8, 32) as usize;
+    /// The shape for `tokens` tokens on this device.
+    ///
+    /// - GPUs (planes of 32 lanes or more): one warp per row, 4 rows per cube.
+    /// - CPU-like devices (lavapipe, SwiftShader): 8 lanes share the blocks of several
+    ///   rows, each lane reading a block's inputs once for all of them
+    ///   ([`CPU_ROWS_TIMES_TOKENS`] divided by the compiled token bound, at least 2), and as
+    ///   many rows per cube as keep the partial sums within 16 KiB of workgroup memory
+    ///   (WebGPU's guarantee). On lavapipe every load is a loop over the SIMD lanes, so
+    ///   reading the inputs once per 16 rows instead of once per row made one token's
+    ///   products 3-4x faster (3072 x 576 Q4_1: 10.1 ms against 2.5 ms).
+    pub fn for_device<R: CubeRuntime>(client: &ComputeClient<R>, tokens: usize) -> Self {
+        let hardware = &client.properties().hardware;
+        if hardware.plane_size_max >= 32 {
+            return Self {
+                lanes: 32,
+                rows_per_cube: 4,
+                rows_per_unit: 1,
+            };
+        }
+        let lanes = 8;
+        let bound = tokens.max(1).next_power_of_two();
+        let rows_per_unit = (CPU_ROWS_TIMES_TOKENS / bound).max(2);
+        let budget = hardware.max_shared_memory_size.min(16 * 1024);
+        // Partial sums (`lanes` per row and token) and totals (one per row and token).
+        let per_row = bound * (lanes + 1) * std::mem::size_of::<f32>();
+        let mut rows_per_cube = 128;
+        while rows_per_cube > rows_per_unit && rows_per_cube * per_row > budget {
+            rows_per_cube /= 2;
+        }
         Self {
             lanes,
-            rows_per_cube: (128 / lanes).max(1),
+            rows_per_cube,
+            rows_per_unit,
         }
     }
 }
+
+/// Rows times compiled tokens one unit adds up on CPU-like devices. The unrolled body
+/// grows with both, and lavapipe's compile time faster still: at 4 tokens, 2 / 4 / 8 / 16
+/// rows per unit compiled in 0.6 / 1.3 / 3.7 / 16.7 s (3072 x 576 Q4_1, empty shader
+/// cache) and ran in 15.4 / 9.7 / 6.5 / 5.1 ms. 16 keeps every variant near a second.
+pub const CPU_ROWS_TIMES_TOKENS: usize = 16;
 
 /// Whether products over many tokens should go through the tiled kernel on this device.
 /// On CPU-like devices (planes narrower than 32 lanes: lavapipe) it is not: there the tiled
@@ -249,7 +284,7 @@ pub fn matmul_then<R: CubeRuntime>(
     }
     let a = epilogue.args(&x);
     let client = x.client.clone();
-    let matvec = matvec.unwrap_or_else(|| MatvecShape::for_device(&client));
+    let matvec = matvec.unwrap_or_else(|| MatvecShape::for_device(&client, tokens));
     let (quants, scales) = (
         into_contiguous(w.quants.clone()).into_array_arg(),
         into_contiguous(w.scales.clone()).into_array_arg(),
@@ -260,7 +295,10 @@ pub fn matmul_then<R: CubeRuntime>(
         quant_matvec::launch::<R>(
             &client,
             CubeCount::Static(w.rows.div_ceil(matvec.rows_per_cube) as u32, 1, 1),
-            CubeDim::new_2d(matvec.lanes as u32, matvec.rows_per_cube as u32),
+            CubeDim::new_2d(
+                matvec.lanes as u32,
+                (matvec.rows_per_cube / matvec.rows_per_unit) as u32,
+            ),
             VECTOR,
             x.into_array_arg(),
             quants,
@@ -280,6 +318,7 @@ pub fn matmul_then<R: CubeRuntime>(
             bound,
             matvec.lanes,
             matvec.rows_per_cube,
+            matvec.rows_per_unit,
             a.mode,
         );
     } else {

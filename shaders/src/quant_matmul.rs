@@ -134,13 +134,15 @@ fn code(word: u32, #[comptime] shift: u32, #[comptime] format: u32) -> f32 {
 /// `out[t, r] = sum_c x[t, c] * W[r, c]` for up to `tokens` tokens (the compile-time bound;
 /// `n_tokens` at run time).
 ///
-/// Cube `(lanes, rows_per_cube)`: the `lanes` units of a row split its blocks, each keeps
-/// one FP32 sum per token, and the sums meet in workgroup memory (the shapes measured on
-/// each device are in [`crate::quant_launch::MatvecShape`]).
+/// Cube `(lanes, rows_per_cube / rows_per_unit)`: each unit adds up `rows_per_unit`
+/// neighbouring rows, the `lanes` units of those rows split their blocks, each keeps one
+/// FP32 sum per row and token, and the sums meet in workgroup memory (the shapes measured
+/// on each device are in [`crate::quant_launch::MatvecShape`]).
 ///
 /// Inputs and code words are read [`VECTOR`] at a time (launched with that vector size;
 /// rows are whole blocks, so every vector is aligned): one 16-byte load on a GPU, and on
-/// lavapipe, where each load is a loop over the SIMD lanes, a quarter of the loops.
+/// lavapipe, where each load is a loop over the SIMD lanes, a quarter of the loops. A unit
+/// with several rows reads each input once for all of them.
 #[cube(launch)]
 // CubeCL expands operators, not `is_multiple_of`.
 #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
@@ -163,11 +165,12 @@ pub fn quant_matvec<N: Size>(
     #[comptime] tokens: usize,
     #[comptime] lanes: usize,
     #[comptime] rows_per_cube: usize,
+    #[comptime] rows_per_unit: usize,
     #[comptime] mode: u32,
 ) {
     let lane = UNIT_POS_X as usize;
-    let local_row = UNIT_POS_Y as usize;
-    let row = CUBE_POS_X as usize * rows_per_cube + local_row;
+    let first = UNIT_POS_Y as usize * rows_per_unit;
+    let row0 = CUBE_POS_X as usize * rows_per_cube + first;
     let rows = rows as usize;
     let cols = cols as usize;
     let n_tokens = n_tokens as usize;
@@ -175,39 +178,53 @@ pub fn quant_matvec<N: Size>(
     let words = comptime!(quant_words(format));
     let word_vectors = comptime!(quant_words(format) / VECTOR);
     let groups = comptime!(QBLOCK / VECTOR);
-    // Tokens past `n_tokens` read the last token again; their sums are never written.
-    // Offsets count vectors of `VECTOR` values.
+    let sums = comptime!(tokens * rows_per_unit);
+    // Tokens past `n_tokens` read the last token again, rows past `rows` the last row;
+    // their sums are never written. Offsets count vectors of `VECTOR` values.
     let mut x_row = Array::<usize>::new(tokens);
     #[unroll]
     for t in 0..tokens {
         x_row[t] = select(t < n_tokens, t, n_tokens - 1) * (cols / VECTOR);
     }
-
-    let mut acc = Array::<f32>::new(tokens);
+    let mut w_row = Array::<usize>::new(rows_per_unit);
     #[unroll]
-    for t in 0..tokens {
-        acc[t] = 0.0;
+    for r in 0..rows_per_unit {
+        w_row[r] = select(row0 + r < rows, row0 + r, rows - 1) * blocks;
     }
-    if row < rows {
+
+    let mut acc = Array::<f32>::new(sums);
+    #[unroll]
+    for i in 0..sums {
+        acc[i] = 0.0;
+    }
+    if row0 < rows {
         let mut b = lane;
         while b < blocks {
-            let block = row * blocks + b;
-            let d = block_d(scales, block, format);
-            let m = block_m(scales, block, d, format);
-            let mut code_words = Array::<u32>::new(words);
+            let mut d = Array::<f32>::new(rows_per_unit);
+            let mut m = Array::<f32>::new(rows_per_unit);
+            let mut code_words = Array::<u32>::new(comptime!(words * rows_per_unit));
             #[unroll]
-            for v in 0..word_vectors {
-                let wv = quants[block * word_vectors + v];
+            for r in 0..rows_per_unit {
+                let block = w_row[r] + b;
+                d[r] = block_d(scales, block, format);
+                m[r] = block_m(scales, block, d[r], format);
                 #[unroll]
-                for k in 0..VECTOR {
-                    code_words[v * VECTOR + k] = wv[k];
+                for v in 0..word_vectors {
+                    let wv = quants[block * word_vectors + v];
+                    #[unroll]
+                    for k in 0..VECTOR {
+                        code_words[comptime!(r * words + v * VECTOR + k)] = wv[k];
+                    }
                 }
             }
-            let mut dot = Array::<f32>::new(tokens);
+            let mut dot = Array::<f32>::new(sums);
             let mut sum = Array::<f32>::new(tokens);
             #[unroll]
+            for i in 0..sums {
+                dot[i] = 0.0;
+            }
+            #[unroll]
             for t in 0..tokens {
-                dot[t] = 0.0;
                 sum[t] = 0.0;
             }
             #[unroll]
@@ -218,12 +235,15 @@ pub fn quant_matvec<N: Size>(
                     #[unroll]
                     for k in 0..VECTOR {
                         let c = comptime!(g * VECTOR + k);
-                        let q = code(
-                            code_words[comptime!(value_word(format, c))],
-                            comptime!(value_shift(format, c)),
-                            format,
-                        );
-                        dot[t] += q * xv[k];
+                        #[unroll]
+                        for r in 0..rows_per_unit {
+                            let q = code(
+                                code_words[comptime!(r * words + value_word(format, c))],
+                                comptime!(value_shift(format, c)),
+                                format,
+                            );
+                            dot[t * rows_per_unit + r] += q * xv[k];
+                        }
                         if comptime!(format != Q8_0) {
                             sum[t] += xv[k];
                         }
@@ -232,63 +252,85 @@ pub fn quant_matvec<N: Size>(
             }
             #[unroll]
             for t in 0..tokens {
-                acc[t] += d * dot[t];
-                if comptime!(format != Q8_0) {
-                    acc[t] += m * sum[t];
+                #[unroll]
+                for r in 0..rows_per_unit {
+                    let i = t * rows_per_unit + r;
+                    acc[i] += d[r] * dot[i];
+                    if comptime!(format != Q8_0) {
+                        acc[i] += m[r] * sum[t];
+                    }
                 }
             }
             b += lanes;
         }
     }
 
-    // Each row's sums meet in workgroup memory, then the unit of every even row finishes
-    // it with its neighbour (`rows_per_cube` is even, so pairs never straddle cubes).
+    // Each row's sums meet in workgroup memory, then the units finish even rows with
+    // their neighbours (`rows_per_cube` is even, so pairs never straddle cubes).
     let mut totals = SharedMemory::<f32>::new(tokens * rows_per_cube);
     if comptime!(lanes == 1) {
         #[unroll]
         for t in 0..tokens {
-            totals[t * rows_per_cube + local_row] = acc[t];
+            #[unroll]
+            for r in 0..rows_per_unit {
+                totals[t * rows_per_cube + first + r] = acc[t * rows_per_unit + r];
+            }
         }
     } else {
         let mut partial = SharedMemory::<f32>::new(tokens * lanes * rows_per_cube);
         #[unroll]
         for t in 0..tokens {
-            partial[(t * rows_per_cube + local_row) * lanes + lane] = acc[t];
+            #[unroll]
+            for r in 0..rows_per_unit {
+                partial[(t * rows_per_cube + first + r) * lanes + lane] =
+                    acc[t * rows_per_unit + r];
+            }
         }
         sync_cube();
         if lane == 0 {
             #[unroll]
             for t in 0..tokens {
-                let mut total = f32::new(0.0);
                 #[unroll]
-                for l in 0..lanes {
-                    total += partial[(t * rows_per_cube + local_row) * lanes + l];
+                for r in 0..rows_per_unit {
+                    let at = t * rows_per_cube + first + r;
+                    let mut total = f32::new(0.0);
+                    #[unroll]
+                    for l in 0..lanes {
+                        total += partial[at * lanes + l];
+                    }
+                    totals[at] = total;
                 }
-                totals[t * rows_per_cube + local_row] = total;
             }
         }
     }
     sync_cube();
-    if lane == 0 && local_row % 2 == 0 && row < rows {
+    if lane == 0 {
         #[unroll]
-        for t in 0..tokens {
-            if t < n_tokens {
-                finish_pair(
-                    out,
-                    aux_a,
-                    aux_b,
-                    info,
-                    table,
-                    t,
-                    row,
-                    rows,
-                    totals[t * rows_per_cube + local_row],
-                    totals[t * rows_per_cube + local_row + 1],
-                    q_width,
-                    kv_width,
-                    head_dim,
-                    mode,
-                );
+        for r in 0..rows_per_unit {
+            let local = first + r;
+            let row = row0 + r;
+            if local % 2 == 0 && row < rows {
+                #[unroll]
+                for t in 0..tokens {
+                    if t < n_tokens {
+                        finish_pair(
+                            out,
+                            aux_a,
+                            aux_b,
+                            info,
+                            table,
+                            t,
+                            row,
+                            rows,
+                            totals[t * rows_per_cube + local],
+                            totals[t * rows_per_cube + local + 1],
+                            q_width,
+                            kv_width,
+                            head_dim,
+                            mode,
+                        );
+                    }
+                }
             }
         }
     }

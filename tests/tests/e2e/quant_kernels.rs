@@ -108,7 +108,7 @@ fn check(c: &Case, tokens: usize, shape: Option<MatvecShape>) -> f32 {
         c.cols,
         match (tokens, shape) {
             (9.., _) => "tiled".to_string(),
-            (_, Some(s)) => format!("matvec {} lanes", s.lanes),
+            (_, Some(s)) => format!("matvec {} lanes x {} rows", s.lanes, s.rows_per_unit),
             (_, None) => "matvec (device default)".to_string(),
         },
         worst
@@ -124,13 +124,28 @@ fn matvec_kernel_matches_dequantize_then_matmul() {
         // Odd row counts: cubes that are partly past the last row.
         let c = case(ty, 67, 96, i as u64);
         for tokens in [1, 3, 8] {
-            for shape in [MatvecShape::ROW_PER_UNIT, MatvecShape::WARP_PER_ROW] {
+            for shape in [
+                MatvecShape::ROW_PER_UNIT,
+                MatvecShape::WARP_PER_ROW,
+                // Several rows per unit, the last unit partly past the last row.
+                MatvecShape {
+                    lanes: 1,
+                    rows_per_cube: 32,
+                    rows_per_unit: 2,
+                },
+                MatvecShape {
+                    lanes: 8,
+                    rows_per_cube: 32,
+                    rows_per_unit: 4,
+                },
+            ] {
                 check(&c, tokens, Some(shape));
             }
         }
         let c = case(ty, 131, 576, 10 + i as u64);
-        check(&c, 1, None);
-        check(&c, 5, None);
+        for tokens in [1, 2, 5] {
+            check(&c, tokens, None);
+        }
     }
 }
 
