@@ -60,7 +60,7 @@ impl MatvecShape {
     ///   many rows per cube as keep the partial sums within 16 KiB of workgroup memory
     ///   (WebGPU's guarantee). On lavapipe every load is a loop over the SIMD lanes, so
     ///   reading the inputs once per 16 rows instead of once per row made one token's
-    ///   products 3-4x faster (3072 x 576 Q4_1: 10.1 ms against 2.5 ms).
+    ///   products 3-4x faster (3072 x 576 Q4_1: 8.4-10.3 ms against 2.5-3.9 ms).
     pub fn for_device<R: CubeRuntime>(client: &ComputeClient<R>, tokens: usize) -> Self {
         let hardware = &client.properties().hardware;
         if hardware.plane_size_max >= 32 {
