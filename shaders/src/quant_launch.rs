@@ -71,7 +71,7 @@ impl MatvecShape {
             };
         }
         let lanes = 8;
-        let bound = tokens.max(1).next_power_of_two();
+        let bound = matvec_bound(tokens);
         let rows_per_unit = (CPU_ROWS_TIMES_TOKENS / bound).max(2);
         let budget = hardware.max_shared_memory_size.min(16 * 1024);
         // Partial sums (`lanes` per row and token) and totals (one per row and token).
@@ -86,6 +86,11 @@ impl MatvecShape {
             rows_per_unit,
         }
     }
+}
+
+/// The token bound [`quant_matvec`] is compiled for at `tokens` tokens: 1, 2, 4 or 8.
+fn matvec_bound(tokens: usize) -> usize {
+    tokens.max(1).next_power_of_two()
 }
 
 /// Rows times compiled tokens one unit adds up on CPU-like devices. The unrolled body
@@ -290,8 +295,7 @@ pub fn matmul_then<R: CubeRuntime>(
         into_contiguous(w.scales.clone()).into_array_arg(),
     );
     if tokens <= MATVEC_MAX_TOKENS {
-        // Bounds compiled in: 1, 2, 4 or 8 tokens.
-        let bound = tokens.next_power_of_two();
+        let bound = matvec_bound(tokens);
         quant_matvec::launch::<R>(
             &client,
             CubeCount::Static(w.rows.div_ceil(matvec.rows_per_cube) as u32, 1, 1),
