@@ -4,6 +4,7 @@ use burn_cubecl::{
     kernel::into_contiguous, ops::numeric::empty_device_dtype, tensor::CubeTensor, CubeRuntime,
 };
 use cubecl::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::epilogue::{finish_product, out_width, RESIDUAL, ROPE_KV, STORE, SWIGLU};
 use crate::quant_matmul::{
@@ -51,33 +52,43 @@ impl MatvecShape {
         rows_per_unit: 1,
     };
 
-    /// The shape for `tokens` tokens on this device.
-    ///
-    /// - GPUs (planes of 32 lanes or more): one warp per row, 4 rows per cube.
-    /// - CPU-like devices (lavapipe, SwiftShader): 8 lanes share the blocks of several
-    ///   rows, each lane reading a block's inputs once for all of them
-    ///   ([`CPU_ROWS_TIMES_TOKENS`] divided by the compiled token bound, at least 2), and as
-    ///   many rows per cube as keep the partial sums within 16 KiB of workgroup memory
-    ///   (WebGPU's guarantee). On lavapipe every load is a loop over the SIMD lanes, so
-    ///   reading the inputs once per 16 rows instead of once per row made one token's
-    ///   products 3-4x faster (3072 x 576 Q4_1: 8.4-10.3 ms against 2.5-3.9 ms).
+    /// The shape for `tokens` tokens on this device ([`MatvecShape::for_limits`] of its
+    /// [`MatvecDevice`]).
     pub fn for_device<R: CubeRuntime>(client: &ComputeClient<R>, tokens: usize) -> Self {
-        let hardware = &client.properties().hardware;
-        if hardware.plane_size_max >= 32 {
-            return Self {
-                lanes: 32,
-                rows_per_cube: 4,
-                rows_per_unit: 1,
-            };
+        Self::for_limits(MatvecDevice::of(client), tokens)
+    }
+
+    /// The shape for `tokens` tokens on a device with these limits.
+    ///
+    /// - GPUs: one warp per row, 4 rows per cube.
+    /// - CPU-like devices ([`MatvecDevice::cpu_like`]): 8 lanes share the blocks of several
+    ///   rows, each lane reading a block's inputs once for all of them (rows times the
+    ///   compiled token bound: [`CPU_ROWS_TIMES_TOKENS`] on lavapipe,
+    ///   [`SOFTWARE_ROWS_TIMES_TOKENS`] on a browser's fallback adapter; at least 2 rows),
+    ///   and as many rows per cube as keep the partial sums within 16 KiB of workgroup
+    ///   memory (WebGPU's guarantee) and the units within the device's limit. On lavapipe
+    ///   every load is a loop over the SIMD lanes, so reading the inputs once per 16 rows
+    ///   instead of once per row made one token's products 3-4x faster (3072 x 576 Q4_1:
+    ///   8.4-10.3 ms against 2.5-3.9 ms).
+    pub fn for_limits(device: MatvecDevice, tokens: usize) -> Self {
+        if !device.cpu_like() {
+            return Self::WARP_PER_ROW;
         }
         let lanes = 8;
         let bound = matvec_bound(tokens);
-        let rows_per_unit = (CPU_ROWS_TIMES_TOKENS / bound).max(2);
-        let budget = hardware.max_shared_memory_size.min(16 * 1024);
+        let rows_times_tokens = match device.software {
+            true => SOFTWARE_ROWS_TIMES_TOKENS,
+            false => CPU_ROWS_TIMES_TOKENS,
+        };
+        let rows_per_unit = (rows_times_tokens / bound).max(2);
+        let budget = device.max_shared.min(16 * 1024);
         // Partial sums (`lanes` per row and token) and totals (one per row and token).
         let per_row = bound * (lanes + 1) * std::mem::size_of::<f32>();
         let mut rows_per_cube = 128;
-        while rows_per_cube > rows_per_unit && rows_per_cube * per_row > budget {
+        while rows_per_cube > rows_per_unit
+            && (rows_per_cube * per_row > budget
+                || rows_per_cube / rows_per_unit * lanes > device.max_units)
+        {
             rows_per_cube /= 2;
         }
         Self {
@@ -86,6 +97,50 @@ impl MatvecShape {
             rows_per_unit,
         }
     }
+}
+
+/// What [`MatvecShape::for_limits`] reads of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatvecDevice {
+    /// The widest plane (warp, subgroup) the device reports: 8 on lavapipe, 32 on NVIDIA
+    /// GPUs, and 128 on WebGPU, which tells nothing of planes (cubecl's assumption).
+    pub plane_size_max: usize,
+    /// Bytes of workgroup memory one cube may use.
+    pub max_shared: usize,
+    /// Units one cube may have (256 on WebGPU, 1,024 on lavapipe).
+    pub max_units: usize,
+    /// Whether the adapter was declared a software one ([`declare_software_adapter`]).
+    pub software: bool,
+}
+
+impl MatvecDevice {
+    /// The limits of `client`'s device.
+    pub fn of<R: CubeRuntime>(client: &ComputeClient<R>) -> Self {
+        let hardware = &client.properties().hardware;
+        Self {
+            plane_size_max: hardware.plane_size_max as usize,
+            max_shared: hardware.max_shared_memory_size,
+            max_units: hardware.max_units_per_cube as usize,
+            software: SOFTWARE_ADAPTER.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the device computes on CPU cores: planes narrower than 32 lanes (lavapipe)
+    /// or a declared software adapter.
+    pub fn cpu_like(&self) -> bool {
+        self.plane_size_max < 32 || self.software
+    }
+}
+
+/// Set by [`declare_software_adapter`].
+static SOFTWARE_ADAPTER: AtomicBool = AtomicBool::new(false);
+
+/// Declares that this process's WebGPU adapter computes on the CPU: a browser's fallback
+/// adapter (Chromium's SwiftShader). WebGPU reports no plane size, so without this the
+/// products would take a GPU's warp-per-row shape, which left most of SwiftShader's lanes
+/// idle (rows of 18 blocks over 32 lanes).
+pub fn declare_software_adapter() {
+    SOFTWARE_ADAPTER.store(true, Ordering::Relaxed);
 }
 
 /// The token bound [`quant_matvec`] is compiled for at `tokens` tokens: 1, 2, 4 or 8.
@@ -99,10 +154,18 @@ fn matvec_bound(tokens: usize) -> usize {
 /// cache) and ran in 15.4 / 9.7 / 6.5 / 5.1 ms. 16 keeps every variant near a second.
 pub const CPU_ROWS_TIMES_TOKENS: usize = 16;
 
+/// Rows times compiled tokens on a browser's fallback adapter (SwiftShader in headless
+/// Chromium). There 16 rows per unit lost the device (the first product failed to map its
+/// output), while 2 and 4 rows decoded at 0.52-0.54 and 0.54-0.68 tokens/s against
+/// 0.25-0.29 with a warp per row.
+pub const SOFTWARE_ROWS_TIMES_TOKENS: usize = 4;
+
 /// Whether products over many tokens should go through the tiled kernel on this device.
-/// On CPU-like devices (planes narrower than 32 lanes: lavapipe) it is not: there the tiled
+/// On devices with planes narrower than 32 lanes (lavapipe) it is not: there the tiled
 /// kernel measured about 2x slower than FP32 matmul over rows dequantized by
-/// [`rows`] (64 tokens x 1536 x 576 Q4_1: 147 ms against 76 ms).
+/// [`rows`] (64 tokens x 1536 x 576 Q4_1: 147 ms against 76 ms). A declared software
+/// adapter ([`declare_software_adapter`]) keeps the tiled kernel: the other way has not been
+/// measured in the browser.
 pub fn tiled_for_many_tokens<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
     client.properties().hardware.plane_size_max >= 32
 }

@@ -77,7 +77,18 @@ pub async fn device() -> (WgpuDevice, Adapter) {
 }
 
 /// Sets up the WebGPU device and describes its adapter (see [`Adapter::describe`]).
+///
+/// `fallback`: whether the browser calls its adapter a fallback one (`isFallbackAdapter`,
+/// a software implementation such as SwiftShader). The kernels then take the shapes
+/// measured on CPU-like devices, which WebGPU's missing plane sizes would otherwise hide.
 #[wasm_bindgen::prelude::wasm_bindgen(js_name = webgpuAdapter)]
-pub async fn webgpu_adapter() -> String {
-    device().await.1.describe()
+pub async fn webgpu_adapter(fallback: bool) -> String {
+    if fallback {
+        fornax_shaders::quant_launch::declare_software_adapter();
+    }
+    let line = device().await.1.describe();
+    match fallback {
+        true => format!("{line}, fallback adapter (CPU kernel shapes)"),
+        false => line,
+    }
 }

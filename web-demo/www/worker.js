@@ -5,9 +5,12 @@ import init, { Session, checkKernels, webgpuAdapter } from "./pkg/fornax_web.js"
 // WebGPU first (a Rust panic would take the module down), then the device and its adapter.
 const ready = (async () => {
   if (!navigator.gpu) throw new Error("this browser has no WebGPU (in Chromium: --enable-unsafe-webgpu)");
-  if (!(await navigator.gpu.requestAdapter())) throw new Error("WebGPU has no adapter here");
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) throw new Error("WebGPU has no adapter here");
   await init();
-  postMessage({ type: "adapter", adapter: await webgpuAdapter() });
+  // A fallback adapter computes on the CPU (SwiftShader): the kernels take their CPU shapes.
+  const fallback = Boolean(adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter);
+  postMessage({ type: "adapter", adapter: await webgpuAdapter(fallback) });
 })();
 ready.catch((e) => postMessage({ type: "error", message: String(e?.message ?? e) }));
 let session = null;

@@ -11,7 +11,7 @@ use burn::tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
 use fornax_backends::{wgpu_device, WgpuBackend};
 use fornax_engine::gguf::GgmlType;
 use fornax_engine::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};
-use fornax_shaders::quant_launch::{self, MatvecShape, QuantTensors};
+use fornax_shaders::quant_launch::{self, MatvecDevice, MatvecShape, QuantTensors};
 use half::f16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -145,8 +145,72 @@ fn matvec_kernel_matches_dequantize_then_matmul() {
         let c = case(ty, 131, 576, 10 + i as u64);
         for tokens in [1, 2, 5] {
             check(&c, tokens, None);
+            // What a browser's fallback adapter (SwiftShader) runs.
+            check(
+                &c,
+                tokens,
+                Some(MatvecShape::for_limits(WEBGPU_FALLBACK, tokens)),
+            );
         }
     }
+}
+
+/// WebGPU's limits on a fallback adapter: no plane size (cubecl assumes 128), 16 KiB of
+/// workgroup memory, 256 units per cube.
+const WEBGPU_FALLBACK: MatvecDevice = MatvecDevice {
+    plane_size_max: 128,
+    max_shared: 16 * 1024,
+    max_units: 256,
+    software: true,
+};
+
+#[test]
+fn matvec_shapes_fit_the_device() {
+    let lavapipe = MatvecDevice {
+        plane_size_max: 8,
+        max_shared: 32 * 1024,
+        max_units: 1024,
+        software: false,
+    };
+    let gpu = MatvecDevice {
+        plane_size_max: 32,
+        max_shared: 48 * 1024,
+        max_units: 1024,
+        software: false,
+    };
+    let webgpu_gpu = MatvecDevice {
+        software: false,
+        ..WEBGPU_FALLBACK
+    };
+    for tokens in 1..=8 {
+        assert_eq!(
+            MatvecShape::for_limits(gpu, tokens),
+            MatvecShape::WARP_PER_ROW
+        );
+        assert_eq!(
+            MatvecShape::for_limits(webgpu_gpu, tokens),
+            MatvecShape::WARP_PER_ROW
+        );
+        for device in [lavapipe, WEBGPU_FALLBACK] {
+            let s = MatvecShape::for_limits(device, tokens);
+            let bound = tokens.next_power_of_two();
+            let units = s.lanes * s.rows_per_cube / s.rows_per_unit;
+            let shared = bound * s.rows_per_cube * (s.lanes + 1) * 4;
+            assert_eq!(
+                s.rows_per_cube % s.rows_per_unit,
+                0,
+                "{device:?} {tokens}: {s:?}"
+            );
+            assert_eq!(s.rows_per_cube % 2, 0, "{device:?} {tokens}: {s:?}");
+            assert!(units <= device.max_units, "{device:?} {tokens}: {s:?}");
+            assert!(shared <= 16 * 1024, "{device:?} {tokens}: {s:?}");
+        }
+    }
+    // Lavapipe adds up 16 rows per unit at one token, a fallback adapter 4 (16 lost
+    // SwiftShader's device), both 2 at eight tokens.
+    let rows = |device, tokens| MatvecShape::for_limits(device, tokens).rows_per_unit;
+    assert_eq!((rows(lavapipe, 1), rows(WEBGPU_FALLBACK, 1)), (16, 4));
+    assert_eq!((rows(lavapipe, 8), rows(WEBGPU_FALLBACK, 8)), (2, 2));
 }
 
 #[test]
