@@ -125,10 +125,15 @@ impl MatvecDevice {
         }
     }
 
-    /// Whether the device computes on CPU cores: planes narrower than 32 lanes (lavapipe)
-    /// or a declared software adapter.
+    /// Whether the device reports planes narrower than a GPU's 32 lanes (lavapipe: 8).
+    pub fn narrow_planes(&self) -> bool {
+        self.plane_size_max < 32
+    }
+
+    /// Whether the device computes on CPU cores: narrow planes (lavapipe) or a declared
+    /// software adapter.
     pub fn cpu_like(&self) -> bool {
-        self.plane_size_max < 32 || self.software
+        self.narrow_planes() || self.software
     }
 }
 
@@ -167,7 +172,7 @@ pub const SOFTWARE_ROWS_TIMES_TOKENS: usize = 4;
 /// adapter ([`declare_software_adapter`]) keeps the tiled kernel: the other way has not been
 /// measured in the browser.
 pub fn tiled_for_many_tokens<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
-    client.properties().hardware.plane_size_max >= 32
+    !MatvecDevice::of(client).narrow_planes()
 }
 
 /// Whether a product over `tokens` tokens should be FP32 matmuls over dequantized rows
