@@ -6,8 +6,10 @@ use burn_cubecl::{
 use cubecl::prelude::*;
 
 use crate::paged_attention::{
-    paged_decode, paged_prefill, F32Rows, F32RowsLaunch, TierArenas, TierArenasLaunch, BLOCK_TOKENS,
+    paged_decode, paged_decode_unit_keys, paged_prefill, F32Rows, F32RowsLaunch, TierArenas,
+    TierArenasLaunch, BLOCK_TOKENS, UNIT_KEYS_UNITS,
 };
+use crate::quant_launch::MatvecDevice;
 
 /// The K or V arenas of one layer as device tensors (see [`crate::paged_attention`]).
 pub struct ArenaTensors<R: CubeRuntime> {
@@ -106,8 +108,36 @@ pub(crate) fn output_like<R: CubeRuntime>(q: &CubeTensor<R>) -> CubeTensor<R> {
     )
 }
 
+/// Which decode attention kernel a launch runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// [`paged_decode`]: 32 units share each tile of keys through workgroup memory (GPUs).
+    Tiles,
+    /// [`paged_decode_unit_keys`]: 8 units each take every 8th key, in registers (devices
+    /// that compute on CPU cores).
+    UnitKeys,
+}
+
+impl DecodeKernel {
+    /// The kernel for `client`'s device.
+    pub fn for_device<R: CubeRuntime>(client: &ComputeClient<R>) -> Self {
+        Self::for_limits(MatvecDevice::of(client))
+    }
+
+    /// The kernel for a device with `device`'s limits.
+    pub fn for_limits(device: MatvecDevice) -> Self {
+        if device.cpu_like() {
+            Self::UnitKeys
+        } else {
+            Self::Tiles
+        }
+    }
+}
+
 /// Decode attention for `q` `[rows, n_heads * head_dim]`: row `r` belongs to sequence
 /// `row_seq[r]` and sits at position `row_pos[r]`, attending to keys `0..=row_pos[r]`.
+/// `kernel` chooses the kernel ([`DecodeKernel::for_device`] where `None`).
+#[allow(clippy::too_many_arguments)]
 pub fn decode<R: CubeRuntime>(
     q: CubeTensor<R>,
     kv: KvArenas<R>,
@@ -115,13 +145,19 @@ pub fn decode<R: CubeRuntime>(
     row_seq: CubeTensor<R>,
     row_pos: CubeTensor<R>,
     shape: AttentionShape,
+    kernel: Option<DecodeKernel>,
 ) -> CubeTensor<R> {
     let q = into_contiguous(q);
     let rows = q.meta.shape()[0];
     let out = output_like(&q);
     let client = q.client.clone();
+    let kernel = kernel.unwrap_or_else(|| DecodeKernel::for_device(&client));
     let count = CubeCount::Static(rows as u32, shape.n_kv_heads as u32, 1);
-    let dim = CubeDim::new_1d(BLOCK_TOKENS as u32);
+    let units = match kernel {
+        DecodeKernel::Tiles => BLOCK_TOKENS,
+        DecodeKernel::UnitKeys => UNIT_KEYS_UNITS,
+    };
+    let dim = CubeDim::new_1d(units as u32);
     let (tables, row_seq, row_pos) = (
         into_contiguous(tables).into_array_arg(),
         into_contiguous(row_seq).into_array_arg(),
@@ -133,22 +169,31 @@ pub fn decode<R: CubeRuntime>(
         shape.scale(),
     );
     let (q_arg, out_arg) = (q.into_array_arg(), out.clone().into_array_arg());
-    launch_over!(
-        paged_decode,
-        kv,
-        (&client, count, dim, q_arg),
-        (
-            tables,
-            row_seq,
-            row_pos,
-            out_arg,
-            max_blocks,
-            n_kv,
-            scale,
-            shape.head_dim,
-            shape.group()
-        )
-    );
+    // The two kernels take the same arguments.
+    macro_rules! decode_with {
+        ($kernel:ident) => {
+            launch_over!(
+                $kernel,
+                kv,
+                (&client, count, dim, q_arg),
+                (
+                    tables,
+                    row_seq,
+                    row_pos,
+                    out_arg,
+                    max_blocks,
+                    n_kv,
+                    scale,
+                    shape.head_dim,
+                    shape.group()
+                )
+            )
+        };
+    }
+    match kernel {
+        DecodeKernel::Tiles => decode_with!(paged_decode),
+        DecodeKernel::UnitKeys => decode_with!(paged_decode_unit_keys),
+    }
     out
 }
 

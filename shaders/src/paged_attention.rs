@@ -103,6 +103,20 @@ pub trait KvRows {
         dst: usize,
         #[comptime] hd: usize,
     );
+
+    /// Reads token row `row` of kv head `head` from the arena of `tier` into `out[..hd]`,
+    /// every loop unrolled so that `out` can live in registers.
+    #[allow(clippy::too_many_arguments)]
+    fn read_row(
+        &self,
+        tier: u32,
+        slot: usize,
+        row: usize,
+        head: usize,
+        n_kv: usize,
+        out: &mut Array<f32>,
+        #[comptime] hd: usize,
+    );
 }
 
 #[cube]
@@ -150,13 +164,65 @@ impl KvRows for TierArenas {
                     let word = self.i8_rows[base + w];
                     #[unroll]
                     for b in 0..4u32 {
-                        let byte = (word >> (8 * b)) & 255;
-                        let signed = f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7);
-                        tile[dst + 4 * w + b as usize] = signed * scale;
+                        tile[dst + 4 * w + b as usize] = signed_byte(word, b) * scale;
                     }
                 }
             }
         }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read_row(
+        &self,
+        tier: u32,
+        slot: usize,
+        row: usize,
+        head: usize,
+        n_kv: usize,
+        out: &mut Array<f32>,
+        #[comptime] hd: usize,
+    ) {
+        if tier == 0 {
+            read_f32_row(&self.f32_rows, row * n_kv * hd + head * hd, out, hd);
+        } else if tier == 1 {
+            let words = comptime!(hd / 2);
+            let base = row * n_kv * words + head * words;
+            let scale = self.f16_scales[slot * n_kv + head];
+            #[unroll]
+            for w in 0..words {
+                let word = self.f16_rows[base + w];
+                out[2 * w] = half_to_f32(word & 65535) * scale;
+                out[2 * w + 1] = half_to_f32(word >> 16) * scale;
+            }
+        } else {
+            let words = comptime!(hd / 4);
+            let base = row * n_kv * words + head * words;
+            let scale = self.i8_scales[slot * n_kv + head];
+            #[unroll]
+            for w in 0..words {
+                let word = self.i8_rows[base + w];
+                #[unroll]
+                for b in 0..4u32 {
+                    out[4 * w + b as usize] = signed_byte(word, b) * scale;
+                }
+            }
+        }
+    }
+}
+
+/// Byte `b` of `word` as a two's-complement value.
+#[cube]
+fn signed_byte(word: u32, b: u32) -> f32 {
+    let byte = (word >> (8 * b)) & 255;
+    f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7)
+}
+
+/// Copies `hd` floats from `rows[base..]` into `out[..hd]`, unrolled.
+#[cube]
+fn read_f32_row(rows: &Array<f32>, base: usize, out: &mut Array<f32>, #[comptime] hd: usize) {
+    #[unroll]
+    for d in 0..hd {
+        out[d] = rows[base + d];
     }
 }
 
@@ -216,6 +282,20 @@ impl KvRows for F32Rows {
         } else {
             copy_row(&self.rows, row * n_kv * hd + head * hd, tile, dst, hd);
         }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn read_row(
+        &self,
+        _tier: u32,
+        _slot: usize,
+        row: usize,
+        head: usize,
+        n_kv: usize,
+        out: &mut Array<f32>,
+        #[comptime] hd: usize,
+    ) {
+        read_f32_row(&self.rows, row * n_kv * hd + head * hd, out, hd);
     }
 }
 
@@ -372,6 +452,144 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
                 out[q_base + h * hd + d] = acc[h * per_unit + j] / running_sum[h];
             }
         }
+    }
+}
+
+/// Units per cube of [`paged_decode_unit_keys`]: one SIMD vector of lavapipe (AVX2).
+pub const UNIT_KEYS_UNITS: usize = 8;
+
+/// Decode attention for devices that compute on CPU cores (lavapipe, SwiftShader).
+///
+/// Cube `(row, kv_head)` as in [`paged_decode`], but with [`UNIT_KEYS_UNITS`] units and
+/// no tile in workgroup memory: unit `u` takes keys `u, u + 8, ..`, reading each K and V
+/// row straight into registers, and keeps its own running softmax and output for the
+/// `group` query heads. The units' partial results are merged at the end, one query head
+/// at a time, through workgroup memory.
+///
+/// On a CPU every load from a buffer or from workgroup memory is a loop over the SIMD
+/// lanes, while registers cost nothing of the kind: [`paged_decode`] loads each tile value
+/// into workgroup memory and reads it back once per query head, this kernel loads it
+/// once. On a GPU the registers this needs (queries and outputs of the whole group) would
+/// spill, so GPUs keep [`paged_decode`]. One loop step per key and unit stays far inside
+/// llvmpipe's 65,535.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
+    q: &Array<f32>,
+    keys: &K,
+    values: &K,
+    tables: &Array<u32>,
+    row_seq: &Array<u32>,
+    row_pos: &Array<u32>,
+    out: &mut Array<f32>,
+    max_blocks: u32,
+    n_kv: u32,
+    softmax_scale: f32,
+    #[comptime] hd: usize,
+    #[comptime] group: usize,
+) {
+    let row = CUBE_POS_X as usize;
+    let head = CUBE_POS_Y as usize;
+    let unit = UNIT_POS_X as usize;
+    let n_kv = n_kv as usize;
+    let n_heads = n_kv * group;
+    let seq = row_seq[row] as usize;
+    let n_keys = row_pos[row] as usize + 1;
+    let q_base = row * n_heads * hd + head * group * hd;
+
+    let mut q_reg = Array::<f32>::new(comptime!(group * hd));
+    let mut acc = Array::<f32>::new(comptime!(group * hd));
+    let mut running_max = Array::<f32>::new(group);
+    let mut running_sum = Array::<f32>::new(group);
+    #[unroll]
+    for i in 0..comptime!(group * hd) {
+        q_reg[i] = q[q_base + i] * softmax_scale;
+        acc[i] = 0.0;
+    }
+    #[unroll]
+    for h in 0..group {
+        running_max[h] = f32::new(NEG_BIG);
+        running_sum[h] = 0.0;
+    }
+
+    let mut row_reg = Array::<f32>::new(hd);
+    let mut probs = Array::<f32>::new(group);
+    let mut key = unit;
+    while key < n_keys {
+        let entry = tables[seq * max_blocks as usize + key / BLOCK_TOKENS];
+        let tier = entry >> TIER_SHIFT;
+        let slot = (entry & SLOT_MASK) as usize;
+        let arena_row = slot * BLOCK_TOKENS + key % BLOCK_TOKENS;
+
+        keys.read_row(tier, slot, arena_row, head, n_kv, &mut row_reg, hd);
+        #[unroll]
+        for h in 0..group {
+            let mut score = 0.0;
+            #[unroll]
+            for d in 0..hd {
+                score += q_reg[h * hd + d] * row_reg[d];
+            }
+            let new_max = f32::max(running_max[h], score);
+            let correction = f32::exp(running_max[h] - new_max);
+            let p = f32::exp(score - new_max);
+            running_sum[h] = running_sum[h] * correction + p;
+            running_max[h] = new_max;
+            probs[h] = p;
+            #[unroll]
+            for d in 0..hd {
+                acc[h * hd + d] *= correction;
+            }
+        }
+        values.read_row(tier, slot, arena_row, head, n_kv, &mut row_reg, hd);
+        #[unroll]
+        for h in 0..group {
+            #[unroll]
+            for d in 0..hd {
+                acc[h * hd + d] += probs[h] * row_reg[d];
+            }
+        }
+        key += UNIT_KEYS_UNITS;
+    }
+
+    // Merge the units' partial results, one query head at a time.
+    let mut maxes = SharedMemory::<f32>::new(UNIT_KEYS_UNITS);
+    let mut sums = SharedMemory::<f32>::new(UNIT_KEYS_UNITS);
+    let mut partial = SharedMemory::<f32>::new(comptime!(UNIT_KEYS_UNITS * hd));
+    let mut weights = Array::<f32>::new(UNIT_KEYS_UNITS);
+    #[unroll]
+    for h in 0..group {
+        maxes[unit] = running_max[h];
+        sums[unit] = running_sum[h];
+        #[unroll]
+        for d in 0..hd {
+            partial[unit * hd + d] = acc[h * hd + d];
+        }
+        sync_cube();
+        let mut max = f32::new(NEG_BIG);
+        #[unroll]
+        for u in 0..UNIT_KEYS_UNITS {
+            max = f32::max(max, maxes[u]);
+        }
+        // Units without keys hold NEG_BIG and weigh nothing; unit 0 always has key 0.
+        let mut total = 0.0;
+        #[unroll]
+        for u in 0..UNIT_KEYS_UNITS {
+            weights[u] = f32::exp(maxes[u] - max);
+            total += sums[u] * weights[u];
+        }
+        #[unroll]
+        for j in 0..comptime!(hd.div_ceil(UNIT_KEYS_UNITS)) {
+            let d = unit + j * UNIT_KEYS_UNITS;
+            if d < hd {
+                let mut sum = 0.0;
+                #[unroll]
+                for u in 0..UNIT_KEYS_UNITS {
+                    sum += partial[u * hd + d] * weights[u];
+                }
+                out[q_base + h * hd + d] = sum / total;
+            }
+        }
+        sync_cube();
     }
 }
 

@@ -2,6 +2,7 @@
 //! tables, and where each new token's keys and values are written.
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use fornax_shaders::launch::DecodeKernel;
 
 use super::{store::ids, BLOCK_TOKENS, TIER_SHIFT};
 
@@ -59,6 +60,9 @@ pub struct PagedBatch<B: Backend> {
     /// `f32_bindings`.
     pub all_f32: bool,
     pub f32_bindings: bool,
+    /// The decode attention kernel to run (`None`: the device's own choice); tests set it
+    /// to run both kernels on one device.
+    pub decode_kernel: Option<DecodeKernel>,
     /// Whether every sequence has exactly one new row.
     pub decode_only: bool,
 }
@@ -98,6 +102,7 @@ impl<B: Backend> PagedBatch<B> {
                 .iter()
                 .all(|s| s.table.iter().all(|&e| e >> TIER_SHIFT == 0)),
             f32_bindings: false,
+            decode_kernel: None,
             kernels,
             fused: false,
             write_rows: ids(write_rows, device),

@@ -235,6 +235,7 @@ where
                 int(&batch.row_seq),
                 int(&batch.key_rows),
                 shape,
+                batch.decode_kernel,
             )
         } else {
             launch::prefill(q, kv, tables, batch.tiles.clone().into_primitive(), shape)

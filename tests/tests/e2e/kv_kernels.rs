@@ -16,6 +16,7 @@ use fornax_engine::kv::{
     reference, AttentionShape, KvCapacity, KvDims, PagedBatch, PagedKv, SeqId, Tier, TierPolicy,
 };
 use fornax_engine::EngineBackend;
+use fornax_shaders::launch::DecodeKernel;
 
 const N_KV: usize = 3;
 const GROUP: usize = 3;
@@ -192,51 +193,60 @@ impl BackendTask for KernelCheck {
         // FP32-only batches may bind only the FP32 arenas (8 buffers, within WebGPU's limits).
         let only_f32 = tiers[Tier::F16.index()] == 0 && tiers[Tier::I8.index()] == 0;
         assert_eq!(batch.all_f32, only_f32, "{tiers:?}");
-        let (kernel, reference) = both(&kv, &mut batch, q.clone());
-        let diff = max_diff(&kernel, &reference);
-        if batch.all_f32 {
-            // The kernels binding only the FP32 arenas (as in a browser): identical sums.
-            batch.f32_bindings = true;
-            let f32_only = host(&B::paged_attention(
-                q.clone(),
-                kv.store.layer(0),
-                &batch,
-                SHAPE,
-            ));
-            batch.f32_bindings = false;
-            assert_eq!(
-                max_diff(&kernel, &f32_only),
-                0.0,
-                "FP32-only vs tiered bindings"
+        // Decode batches on wgpu run both decode kernels, whichever this device would pick.
+        let decode_kernels = if batch.decode_only && self.backend == BackendKind::Wgpu {
+            vec![Some(DecodeKernel::Tiles), Some(DecodeKernel::UnitKeys)]
+        } else {
+            vec![None]
+        };
+        for decode_kernel in decode_kernels {
+            batch.decode_kernel = decode_kernel;
+            let (kernel, reference) = both(&kv, &mut batch, q.clone());
+            let diff = max_diff(&kernel, &reference);
+            if batch.all_f32 {
+                // The kernels binding only the FP32 arenas (as in a browser): identical sums.
+                batch.f32_bindings = true;
+                let f32_only = host(&B::paged_attention(
+                    q.clone(),
+                    kv.store.layer(0),
+                    &batch,
+                    SHAPE,
+                ));
+                batch.f32_bindings = false;
+                assert_eq!(
+                    max_diff(&kernel, &f32_only),
+                    0.0,
+                    "FP32-only vs tiered bindings"
+                );
+            }
+
+            let (qh, kh, vh) = (host(&q), host(&k), host(&v));
+            let width = N_KV * GROUP * HD;
+            let mut tier_diff = 0.0f32;
+            for (i, f) in filled.iter().enumerate() {
+                let mut keys = f.keys.clone();
+                let mut values = f.values.clone();
+                let new = i * self.rows * N_KV * HD..(i + 1) * self.rows * N_KV * HD;
+                keys.extend_from_slice(&kh[new.clone()]);
+                values.extend_from_slice(&vh[new]);
+                for r in 0..self.rows {
+                    let row = i * self.rows + r;
+                    let pos = f.keys.len() / (N_KV * HD) + r;
+                    let exact = exact_row(&qh[row * width..(row + 1) * width], &keys, &values, pos);
+                    tier_diff =
+                        tier_diff.max(max_diff(&kernel[row * width..(row + 1) * width], &exact));
+                }
+            }
+            eprintln!(
+                "{}: lengths {:?} +{} rows, blocks per tier {:?}, {decode_kernel:?}: kernel vs reference {diff:.2e}, vs exact FP32 {tier_diff:.2e}",
+                info.adapter, self.lengths, self.rows, tiers
+            );
+            assert!(diff <= 2e-5, "kernel vs reference: {diff}");
+            assert!(
+                tier_diff <= self.tier_tolerance,
+                "vs exact FP32: {tier_diff}"
             );
         }
-
-        let (qh, kh, vh) = (host(&q), host(&k), host(&v));
-        let width = N_KV * GROUP * HD;
-        let mut tier_diff = 0.0f32;
-        for (i, f) in filled.iter().enumerate() {
-            let mut keys = f.keys.clone();
-            let mut values = f.values.clone();
-            let new = i * self.rows * N_KV * HD..(i + 1) * self.rows * N_KV * HD;
-            keys.extend_from_slice(&kh[new.clone()]);
-            values.extend_from_slice(&vh[new]);
-            for r in 0..self.rows {
-                let row = i * self.rows + r;
-                let pos = f.keys.len() / (N_KV * HD) + r;
-                let exact = exact_row(&qh[row * width..(row + 1) * width], &keys, &values, pos);
-                tier_diff =
-                    tier_diff.max(max_diff(&kernel[row * width..(row + 1) * width], &exact));
-            }
-        }
-        eprintln!(
-            "{}: lengths {:?} +{} rows, blocks per tier {:?}: kernel vs reference {diff:.2e}, vs exact FP32 {tier_diff:.2e}",
-            info.adapter, self.lengths, self.rows, tiers
-        );
-        assert!(diff <= 2e-5, "kernel vs reference: {diff}");
-        assert!(
-            tier_diff <= self.tier_tolerance,
-            "vs exact FP32: {tier_diff}"
-        );
         // The tiers under test were really present.
         if self.policy.recent.is_some() {
             assert!(tiers[Tier::F16.index()] > 0, "{tiers:?}");

@@ -11,6 +11,7 @@ use burn::tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
 use fornax_backends::{wgpu_device, WgpuBackend};
 use fornax_engine::gguf::GgmlType;
 use fornax_engine::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};
+use fornax_shaders::launch::DecodeKernel;
 use fornax_shaders::quant_launch::{self, MatvecDevice, MatvecShape, QuantTensors};
 use half::f16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -211,6 +212,15 @@ fn matvec_shapes_fit_the_device() {
     let rows = |device, tokens| MatvecShape::for_limits(device, tokens).rows_per_unit;
     assert_eq!((rows(lavapipe, 1), rows(WEBGPU_FALLBACK, 1)), (16, 4));
     assert_eq!((rows(lavapipe, 8), rows(WEBGPU_FALLBACK, 8)), (2, 2));
+    // Decode attention: registers on CPU cores, workgroup-memory tiles on GPUs.
+    for (device, kernel) in [
+        (lavapipe, DecodeKernel::UnitKeys),
+        (WEBGPU_FALLBACK, DecodeKernel::UnitKeys),
+        (gpu, DecodeKernel::Tiles),
+        (webgpu_gpu, DecodeKernel::Tiles),
+    ] {
+        assert_eq!(DecodeKernel::for_limits(device), kernel, "{device:?}");
+    }
 }
 
 #[test]
