@@ -199,6 +199,7 @@ impl BackendTask for KernelCheck {
         } else {
             vec![None]
         };
+        let (qh, kh, vh) = (host(&q), host(&k), host(&v));
         for decode_kernel in decode_kernels {
             batch.decode_kernel = decode_kernel;
             let (kernel, reference) = both(&kv, &mut batch, q.clone());
@@ -220,7 +221,6 @@ impl BackendTask for KernelCheck {
                 );
             }
 
-            let (qh, kh, vh) = (host(&q), host(&k), host(&v));
             let width = N_KV * GROUP * HD;
             let mut tier_diff = 0.0f32;
             for (i, f) in filled.iter().enumerate() {
