@@ -136,38 +136,10 @@ impl KvRows for TierArenas {
     ) {
         if !valid {
             zero_row(tile, dst, hd);
-        } else if tier == 0 {
-            copy_row(&self.f32_rows, row * n_kv * hd + head * hd, tile, dst, hd);
-        } else if tier == 1 {
-            let words = comptime!(hd / 2);
-            let per_chunk = comptime!(DIM_CHUNK / 2);
-            let base = row * n_kv * words + head * words;
-            let scale = self.f16_scales[slot * n_kv + head];
-            for c in 0..comptime!(hd / DIM_CHUNK) {
-                #[unroll]
-                for i in 0..per_chunk {
-                    let w = c * per_chunk + i;
-                    let word = self.f16_rows[base + w];
-                    tile[dst + 2 * w] = half_to_f32(word & 65535) * scale;
-                    tile[dst + 2 * w + 1] = half_to_f32(word >> 16) * scale;
-                }
-            }
         } else {
-            let words = comptime!(hd / 4);
-            let per_chunk = comptime!(DIM_CHUNK / 4);
-            let base = row * n_kv * words + head * words;
-            let scale = self.i8_scales[slot * n_kv + head];
-            for c in 0..comptime!(hd / DIM_CHUNK) {
-                #[unroll]
-                for i in 0..per_chunk {
-                    let w = c * per_chunk + i;
-                    let word = self.i8_rows[base + w];
-                    #[unroll]
-                    for b in 0..4u32 {
-                        tile[dst + 4 * w + b as usize] = signed_byte(word, b) * scale;
-                    }
-                }
-            }
+            decode_row::<SharedMemory<f32>>(
+                self, tier, slot, row, head, n_kv, tile, dst, hd, false,
+            );
         }
     }
 
@@ -182,28 +154,66 @@ impl KvRows for TierArenas {
         out: &mut Array<f32>,
         #[comptime] hd: usize,
     ) {
-        if tier == 0 {
-            read_f32_row(&self.f32_rows, row * n_kv * hd + head * hd, out, hd);
-        } else if tier == 1 {
-            let words = comptime!(hd / 2);
-            let base = row * n_kv * words + head * words;
-            let scale = self.f16_scales[slot * n_kv + head];
+        decode_row::<Array<f32>>(self, tier, slot, row, head, n_kv, out, 0, hd, true);
+    }
+}
+
+/// Decodes token row `row` of kv head `head` from the arena of `tier` into
+/// `out[dst..dst + hd]`: in rolled steps of `DIM_CHUNK` dimensions, or with every loop
+/// unrolled when `unrolled` (so that a local `out` can live in registers).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn decode_row<L: ListMut<f32>>(
+    arenas: &TierArenas,
+    tier: u32,
+    slot: usize,
+    row: usize,
+    head: usize,
+    n_kv: usize,
+    out: &mut L,
+    dst: usize,
+    #[comptime] hd: usize,
+    #[comptime] unrolled: bool,
+) {
+    let chunk = comptime!(if unrolled { hd } else { DIM_CHUNK });
+    if tier == 0 {
+        copy_row::<L>(
+            &arenas.f32_rows,
+            row * n_kv * hd + head * hd,
+            out,
+            dst,
+            hd,
+            unrolled,
+        );
+    } else if tier == 1 {
+        let words = comptime!(hd / 2);
+        let per_chunk = comptime!(chunk / 2);
+        let base = row * n_kv * words + head * words;
+        let scale = arenas.f16_scales[slot * n_kv + head];
+        #[unroll(unrolled)]
+        for c in 0..comptime!(hd / chunk) {
             #[unroll]
-            for w in 0..words {
-                let word = self.f16_rows[base + w];
-                out[2 * w] = half_to_f32(word & 65535) * scale;
-                out[2 * w + 1] = half_to_f32(word >> 16) * scale;
+            for i in 0..per_chunk {
+                let w = c * per_chunk + i;
+                let word = arenas.f16_rows[base + w];
+                out.write(dst + 2 * w, half_to_f32(word & 65535) * scale);
+                out.write(dst + 2 * w + 1, half_to_f32(word >> 16) * scale);
             }
-        } else {
-            let words = comptime!(hd / 4);
-            let base = row * n_kv * words + head * words;
-            let scale = self.i8_scales[slot * n_kv + head];
+        }
+    } else {
+        let words = comptime!(hd / 4);
+        let per_chunk = comptime!(chunk / 4);
+        let base = row * n_kv * words + head * words;
+        let scale = arenas.i8_scales[slot * n_kv + head];
+        #[unroll(unrolled)]
+        for c in 0..comptime!(hd / chunk) {
             #[unroll]
-            for w in 0..words {
-                let word = self.i8_rows[base + w];
+            for i in 0..per_chunk {
+                let w = c * per_chunk + i;
+                let word = arenas.i8_rows[base + w];
                 #[unroll]
                 for b in 0..4u32 {
-                    out[4 * w + b as usize] = signed_byte(word, b) * scale;
+                    out.write(dst + 4 * w + b as usize, signed_byte(word, b) * scale);
                 }
             }
         }
@@ -217,15 +227,6 @@ fn signed_byte(word: u32, b: u32) -> f32 {
     f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7)
 }
 
-/// Copies `hd` floats from `rows[base..]` into `out[..hd]`, unrolled.
-#[cube]
-fn read_f32_row(rows: &Array<f32>, base: usize, out: &mut Array<f32>, #[comptime] hd: usize) {
-    #[unroll]
-    for d in 0..hd {
-        out[d] = rows[base + d];
-    }
-}
-
 /// Writes `hd` zeros into `tile[dst..]`.
 #[cube]
 fn zero_row(tile: &mut SharedMemory<f32>, dst: usize, #[comptime] hd: usize) {
@@ -237,20 +238,24 @@ fn zero_row(tile: &mut SharedMemory<f32>, dst: usize, #[comptime] hd: usize) {
     }
 }
 
-/// Copies `hd` floats from `rows[base..]` into `tile[dst..]`.
+/// Copies `hd` floats from `rows[base..]` into `out[dst..]`, in rolled steps of
+/// `DIM_CHUNK` or, when `unrolled`, in one unrolled loop.
 #[cube]
-fn copy_row(
+fn copy_row<L: ListMut<f32>>(
     rows: &Array<f32>,
     base: usize,
-    tile: &mut SharedMemory<f32>,
+    out: &mut L,
     dst: usize,
     #[comptime] hd: usize,
+    #[comptime] unrolled: bool,
 ) {
-    for c in 0..comptime!(hd / DIM_CHUNK) {
+    let chunk = comptime!(if unrolled { hd } else { DIM_CHUNK });
+    #[unroll(unrolled)]
+    for c in 0..comptime!(hd / chunk) {
         #[unroll]
-        for i in 0..DIM_CHUNK {
-            let d = c * DIM_CHUNK + i;
-            tile[dst + d] = rows[base + d];
+        for i in 0..chunk {
+            let d = c * chunk + i;
+            out.write(dst + d, rows[base + d]);
         }
     }
 }
@@ -280,7 +285,14 @@ impl KvRows for F32Rows {
         if !valid {
             zero_row(tile, dst, hd);
         } else {
-            copy_row(&self.rows, row * n_kv * hd + head * hd, tile, dst, hd);
+            copy_row::<SharedMemory<f32>>(
+                &self.rows,
+                row * n_kv * hd + head * hd,
+                tile,
+                dst,
+                hd,
+                false,
+            );
         }
     }
 
@@ -295,7 +307,7 @@ impl KvRows for F32Rows {
         out: &mut Array<f32>,
         #[comptime] hd: usize,
     ) {
-        read_f32_row(&self.rows, row * n_kv * hd + head * hd, out, hd);
+        copy_row::<Array<f32>>(&self.rows, row * n_kv * hd + head * hd, out, 0, hd, true);
     }
 }
 
