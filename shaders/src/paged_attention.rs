@@ -175,7 +175,6 @@ fn decode_row<L: ListMut<f32>>(
     #[comptime] hd: usize,
     #[comptime] unrolled: bool,
 ) {
-    let chunk = comptime!(if unrolled { hd } else { DIM_CHUNK });
     if tier == 0 {
         copy_row::<L>(
             &arenas.f32_rows,
@@ -186,35 +185,72 @@ fn decode_row<L: ListMut<f32>>(
             unrolled,
         );
     } else if tier == 1 {
-        let words = comptime!(hd / 2);
-        let per_chunk = comptime!(chunk / 2);
-        let base = row * n_kv * words + head * words;
-        let scale = arenas.f16_scales[slot * n_kv + head];
-        #[unroll(unrolled)]
-        for c in 0..comptime!(hd / chunk) {
-            #[unroll]
-            for i in 0..per_chunk {
-                let w = c * per_chunk + i;
-                let word = arenas.f16_rows[base + w];
-                out.write(dst + 2 * w, half_to_f32(word & 65535) * scale);
-                out.write(dst + 2 * w + 1, half_to_f32(word >> 16) * scale);
-            }
-        }
+        unpack_row::<L>(
+            &arenas.f16_rows,
+            &arenas.f16_scales,
+            slot,
+            row,
+            head,
+            n_kv,
+            out,
+            dst,
+            hd,
+            2usize,
+            unrolled,
+        );
     } else {
-        let words = comptime!(hd / 4);
-        let per_chunk = comptime!(chunk / 4);
-        let base = row * n_kv * words + head * words;
-        let scale = arenas.i8_scales[slot * n_kv + head];
-        #[unroll(unrolled)]
-        for c in 0..comptime!(hd / chunk) {
+        unpack_row::<L>(
+            &arenas.i8_rows,
+            &arenas.i8_scales,
+            slot,
+            row,
+            head,
+            n_kv,
+            out,
+            dst,
+            hd,
+            4usize,
+            unrolled,
+        );
+    }
+}
+
+/// Decodes a row packed `per_word` values to a word (2: FP16 halves, 4: INT8 bytes), times
+/// its block's scale, into `out[dst..dst + hd]`, with [`decode_row`]'s loop shapes.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn unpack_row<L: ListMut<f32>>(
+    words: &Array<u32>,
+    scales: &Array<f32>,
+    slot: usize,
+    row: usize,
+    head: usize,
+    n_kv: usize,
+    out: &mut L,
+    dst: usize,
+    #[comptime] hd: usize,
+    #[comptime] per_word: usize,
+    #[comptime] unrolled: bool,
+) {
+    let chunk = comptime!(if unrolled { hd } else { DIM_CHUNK });
+    let row_words = comptime!(hd / per_word);
+    let per_chunk = comptime!(chunk / per_word);
+    let base = row * n_kv * row_words + head * row_words;
+    let scale = scales[slot * n_kv + head];
+    #[unroll(unrolled)]
+    for c in 0..comptime!(hd / chunk) {
+        #[unroll]
+        for i in 0..per_chunk {
+            let w = c * per_chunk + i;
+            let word = words[base + w];
             #[unroll]
-            for i in 0..per_chunk {
-                let w = c * per_chunk + i;
-                let word = arenas.i8_rows[base + w];
-                #[unroll]
-                for b in 0..4u32 {
-                    out.write(dst + 4 * w + b as usize, signed_byte(word, b) * scale);
-                }
+            for b in 0..comptime!(per_word as u32) {
+                let value = if comptime!(per_word == 2) {
+                    half_to_f32((word >> (16 * b)) & 65535)
+                } else {
+                    signed_byte(word, b)
+                };
+                out.write(dst + per_word * w + b as usize, value * scale);
             }
         }
     }
