@@ -52,13 +52,13 @@ build() {
     # rustup's proxies would pick the pinned toolchain: call Debian's explicitly.
     RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$WASM_TARGET" \
         RUSTFLAGS="${WASM_RUSTFLAGS:-}" \
-        /usr/bin/cargo build --release --locked -Zbuild-std=std,panic_abort \
+        /usr/bin/cargo build --profile web --locked -Zbuild-std=std,panic_abort \
         --target wasm32-unknown-unknown -p fornax-web
     step "JS glue and the page"
     rm -rf "$SITE"
     mkdir -p "$SITE"
     wasm-bindgen --target web --remove-name-section --remove-producers-section \
-        --out-dir "$SITE/pkg" "$WASM_TARGET/wasm32-unknown-unknown/release/fornax_web.wasm"
+        --out-dir "$SITE/pkg" "$WASM_TARGET/wasm32-unknown-unknown/web/fornax_web.wasm"
     cp web-demo/www/* "$SITE/"
     echo "web-demo: $SITE ($(du -h "$SITE/pkg/fornax_web_bg.wasm" | cut -f1) of wasm)" >&2
 }
