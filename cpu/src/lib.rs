@@ -8,6 +8,7 @@
 
 mod activations;
 pub mod attention;
+pub mod dense;
 mod dot;
 mod exp;
 mod format;

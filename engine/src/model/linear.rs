@@ -68,7 +68,7 @@ impl<B: QuantOps> Linear<B> {
     /// Applies the layer to `x` of shape `[tokens, in]`.
     pub fn forward(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.weight {
-            Weight::Dense(w) => x.matmul(w.clone()),
+            Weight::Dense(w) => B::dense_matmul(x, w),
             Weight::Quant(q) => B::quant_matmul(x, q),
         }
     }

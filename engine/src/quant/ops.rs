@@ -40,6 +40,11 @@ pub trait QuantOps: Backend {
     fn quant_rows(ids: Tensor<Self, 1, Int>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
         reference_rows(ids, w)
     }
+
+    /// `x @ W` for an FP32 weight `W` `[in, out]` (dense layers): burn's matmul here.
+    fn dense_matmul(x: Tensor<Self, 2>, w: &Tensor<Self, 2>) -> Tensor<Self, 2> {
+        x.matmul(w.clone())
+    }
 }
 
 /// The reference product: `x @ W^T` over `W` dequantized (see [`dequantized`]).
@@ -57,6 +62,10 @@ pub fn dequantized<B: Backend>(w: &QuantMatrix<B>) -> Tensor<B, 2> {
     let values = w.download().dequantize();
     Tensor::from_data(TensorData::new(values, [w.rows, w.cols]), &w.device())
 }
+
+/// Most tokens the CPU backend multiplies by a dense weight with `fornax_cpu::dense`
+/// (each tile of 4 reads the whole weight); more go to burn's blocked matmul.
+const DENSE_KERNEL_MAX_TOKENS: usize = 8;
 
 /// Rows dequantized per step of [`by_dequantized_rows`]: 18.9 MB of FP32 at 576 columns.
 const ROWS_PER_CHUNK: usize = 8192;
@@ -115,6 +124,30 @@ where
             .zip(ws)
             .map(|(out, w)| Tensor::from_data(TensorData::new(out, [tokens, w.rows]), &device))
             .collect()
+    }
+
+    /// A few tokens go through `fornax_cpu::dense`, which reads the weight where it lies:
+    /// burn-ndarray's matmul copies a shared weight whole to reshape it, then packs it,
+    /// three passes over the weight for a decode step's one row (`perf`: 55% of FP32
+    /// decoding). Bigger batches keep burn's blocked product, where that is amortised.
+    fn dense_matmul(x: Tensor<Self, 2>, w: &Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let [tokens, inp] = x.dims();
+        let [_, out] = w.dims();
+        if tokens > DENSE_KERNEL_MAX_TOKENS || FloatElem::<Self>::dtype() != DType::F32 {
+            return x.matmul(w.clone());
+        }
+        let weight = w.clone().into_primitive().tensor();
+        let NdArrayTensor::F32(storage) = &weight else {
+            return x.matmul(w.clone());
+        };
+        let view = storage.view();
+        let Some(values) = view.to_slice() else {
+            return x.matmul(w.clone());
+        };
+        let device = x.device();
+        let x = crate::host_values::host_f32(x);
+        let y = fornax_cpu::dense::matmul_f32(&x, tokens, values, inp, out);
+        Tensor::from_data(TensorData::new(y, [tokens, out]), &device)
     }
 
     fn quant_rows(ids: Tensor<Self, 1, Int>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {

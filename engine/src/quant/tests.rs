@@ -1,11 +1,9 @@
-use fornax_cpu::{InterleavedWeights, Q8Activations, SimdLevel, LANES};
+use fornax_cpu::{InterleavedWeights, Q8Activations, SimdLevel};
 use half::f16;
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
-use super::{PackedMatrix, QuantMatrix, QuantOps};
+use super::PackedMatrix;
 use crate::gguf::GgmlType;
-use burn::backend::NdArray;
-use burn::tensor::{Int, Tensor, TensorData};
 
 /// Three blocks (an odd count, so the FP16 scales need a padding half) with every code.
 fn blocks(ty: GgmlType) -> Vec<u8> {
@@ -44,26 +42,6 @@ fn pack_refuses_what_it_cannot_hold() {
     // Rows of 48 values are not whole blocks; a byte count that disagrees with the shape.
     assert!(PackedMatrix::pack(GgmlType::Q8_0, &bytes, 2, 48).is_none());
     assert!(PackedMatrix::pack(GgmlType::Q8_0, &bytes[..60], 1, 96).is_none());
-}
-
-#[test]
-fn reference_path_multiplies_by_the_dequantized_matrix() {
-    type Cpu = NdArray<f32>;
-    let device = Default::default();
-    let bytes = blocks(GgmlType::Q4_1);
-    let packed = PackedMatrix::pack(GgmlType::Q4_1, &bytes, 3, 32).unwrap();
-    let w = QuantMatrix::<Cpu>::upload(&packed, &device);
-    assert_eq!(w.download(), packed);
-    let values = packed.dequantize();
-    let x = Tensor::<Cpu, 2>::from_data(TensorData::new(vec![1.0f32; 32], [1, 32]), &device);
-    let y: Vec<f32> = Cpu::quant_matmul(x, &w).into_data().to_vec().unwrap();
-    for (r, &got) in y.iter().enumerate() {
-        let want: f32 = values[r * 32..(r + 1) * 32].iter().sum();
-        assert!((got - want).abs() < 1e-4, "row {r}: {got} vs {want}");
-    }
-    let ids = Tensor::<Cpu, 1, Int>::from_data(TensorData::new(vec![2i64], [1]), &device);
-    let row: Vec<f32> = Cpu::quant_rows(ids, &w).into_data().to_vec().unwrap();
-    assert_eq!(row, values[64..96]);
 }
 
 /// `rows * cols / 32` random GGUF blocks of `ty`: scales of either sign over a few
@@ -202,32 +180,4 @@ fn cpu_kernels_match_the_gguf_dequantization_at_every_simd_level() {
             }
         }
     }
-}
-
-/// The CPU backend keeps quantized words in host memory, the file's size, and its
-/// `quant_matmul` is the kernels' product.
-#[test]
-fn cpu_backend_keeps_blocks_on_the_host_and_multiplies_with_the_kernels() {
-    type Cpu = NdArray<f32>;
-    let device = Default::default();
-    let mut rng = StdRng::seed_from_u64(11);
-    let (rows, cols) = (45, 128);
-    let bytes = random_blocks(GgmlType::Q4_1, rows, cols, &mut rng);
-    let packed = PackedMatrix::pack(GgmlType::Q4_1, &bytes, rows, cols).unwrap();
-    let w = QuantMatrix::<Cpu>::upload(&packed, &device);
-    assert!(Cpu::has_quant_kernels() && w.host().is_some() && w.device_words().is_none());
-    // The file's bytes, plus the zero rows that fill the last group of eight.
-    assert_eq!(w.bytes(), bytes.len() / rows * rows.next_multiple_of(LANES));
-    assert_eq!(w.download(), packed);
-    let x: Vec<f32> = (0..2 * cols)
-        .map(|_| rng.random_range(-1.0f32..1.0))
-        .collect();
-    let xt = Tensor::<Cpu, 2>::from_data(TensorData::new(x.clone(), [2, cols]), &device);
-    let got: Vec<f32> = Cpu::quant_matmul(xt.clone(), &w)
-        .into_data()
-        .to_vec()
-        .unwrap();
-    let want = InterleavedWeights::new(&packed.cpu_view())
-        .matmul_q8(&Q8Activations::quantize(&x, 2, cols), SimdLevel::best());
-    assert_eq!(got, want);
 }

@@ -7,11 +7,12 @@ use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard
 use fornax::model_file::ModelFile;
 use fornax_backends::{BackendError, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
+use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
 use fornax_engine::sampling::argmax;
 use fornax_engine::score::{perplexity, token_logprobs};
-use fornax_engine::seq_cache::SeqCache;
-use fornax_engine::{generate, prefill, GenerateParams};
+use fornax_engine::seq_cache::{PagedSeq, SeqCache};
+use fornax_engine::{generate_in, prefill, GenerateParams};
 use serde::Deserialize;
 
 /// The folder with reference outputs: `$FORNAX_REFERENCE`, else `tests/reference`
@@ -204,8 +205,18 @@ impl BackendTask for CheckTask {
                         max_tokens: 32,
                         ..GenerateParams::default()
                     };
-                    let ours = generate(&model, &case.prompt_ids, &params, |_| true)
-                        .map_err(|e| e.to_string())?;
+                    // Over the paged KV cache, as `fornax generate` runs (FP32 blocks).
+                    let blocks = (case.prompt_ids.len() + params.max_tokens).div_ceil(BLOCK_TOKENS);
+                    let mut kv =
+                        model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
+                    let ours = generate_in(
+                        &model,
+                        &mut PagedSeq::new(&mut kv),
+                        &case.prompt_ids,
+                        &params,
+                        |_| true,
+                    )
+                    .map_err(|e| e.to_string())?;
                     match check_greedy(&ours, &case.float_reference, self.min_margin) {
                         Ok(n) => {
                             report += &format!(

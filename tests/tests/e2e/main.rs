@@ -21,4 +21,5 @@ mod quant_kernels;
 mod reference_cpu;
 mod reference_wgpu;
 mod speculative;
+mod tiny_model;
 mod tokenizer;

@@ -1,5 +1,6 @@
 //! The quantized-weight kernels (CubeCL, on wgpu: lavapipe here) against
-//! dequantize-then-matmul on random GGUF blocks of all three formats.
+//! dequantize-then-matmul on random GGUF blocks of all three formats, and the CPU
+//! backend's products (our SIMD kernels) at the end.
 //!
 //! The reference decodes the original GGUF bytes with the GGUF reader's own decoder and
 //! multiplies with burn's FP32 matmul on the same device; the kernels read the repacked
@@ -8,7 +9,7 @@
 //! `|kernel - reference| <= 1e-5 * sum_c |x_c w_c|` (about 1e-6 is seen).
 
 use burn::tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
-use fornax_backends::{wgpu_device, WgpuBackend};
+use fornax_backends::{wgpu_device, CpuBackend as Cpu, WgpuBackend};
 use fornax_engine::gguf::GgmlType;
 use fornax_engine::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};
 use fornax_shaders::launch::DecodeKernel;
@@ -287,4 +288,52 @@ fn model_entry_points_use_the_kernels() {
         eprintln!("{tokens} tokens x 8195 rows through QuantOps: max |diff| {worst:.2e}");
         assert!(worst < 1e-4, "{tokens} tokens: {worst}");
     }
+}
+
+/// The CPU backend: products and row gathers over three Q4_1 rows (an odd block count, so
+/// the FP16 scales need a padding half), multiplied by ones, so the 8-bit activations are
+/// exact and each output is its row's sum.
+#[test]
+fn cpu_backend_products_and_rows_equal_the_dequantized_matrix() {
+    let device = Default::default();
+    let mut rng = StdRng::seed_from_u64(5);
+    let bytes = random_blocks(GgmlType::Q4_1, 3, 32, &mut rng);
+    let packed = PackedMatrix::pack(GgmlType::Q4_1, &bytes, 3, 32).unwrap();
+    let w = QuantMatrix::<Cpu>::upload(&packed, &device);
+    assert_eq!(w.download(), packed);
+    let values = packed.dequantize();
+    let x = Tensor::<Cpu, 2>::from_data(TensorData::new(vec![1.0f32; 32], [1, 32]), &device);
+    let y: Vec<f32> = Cpu::quant_matmul(x, &w).into_data().to_vec().unwrap();
+    for (r, &got) in y.iter().enumerate() {
+        let want: f32 = values[r * 32..(r + 1) * 32].iter().sum();
+        assert!((got - want).abs() < 1e-4, "row {r}: {got} vs {want}");
+    }
+    let ids = Tensor::<Cpu, 1, Int>::from_data(TensorData::new(vec![2i32], [1]), &device);
+    let row: Vec<f32> = Cpu::quant_rows(ids, &w).into_data().to_vec().unwrap();
+    assert_eq!(row, values[64..96]);
+}
+
+/// The CPU backend keeps quantized words in host memory, the file's size, and its
+/// `quant_matmul` is the kernels' product.
+#[test]
+fn cpu_backend_keeps_blocks_on_the_host_and_multiplies_with_the_kernels() {
+    use fornax_cpu::{InterleavedWeights, Q8Activations, SimdLevel, LANES};
+    let device = Default::default();
+    let mut rng = StdRng::seed_from_u64(11);
+    let (rows, cols) = (45, 128);
+    let bytes = random_blocks(GgmlType::Q4_1, rows, cols, &mut rng);
+    let packed = PackedMatrix::pack(GgmlType::Q4_1, &bytes, rows, cols).unwrap();
+    let w = QuantMatrix::<Cpu>::upload(&packed, &device);
+    assert!(Cpu::has_quant_kernels() && w.host().is_some() && w.device_words().is_none());
+    // The file's bytes, plus the zero rows that fill the last group of eight.
+    assert_eq!(w.bytes(), bytes.len() / rows * rows.next_multiple_of(LANES));
+    assert_eq!(w.download(), packed);
+    let x: Vec<f32> = (0..2 * cols)
+        .map(|_| rng.random_range(-1.0f32..1.0))
+        .collect();
+    let xt = Tensor::<Cpu, 2>::from_data(TensorData::new(x.clone(), [2, cols]), &device);
+    let got: Vec<f32> = Cpu::quant_matmul(xt, &w).into_data().to_vec().unwrap();
+    let want = InterleavedWeights::new(&packed.cpu_view())
+        .matmul_q8(&Q8Activations::quantize(&x, 2, cols), SimdLevel::best());
+    assert_eq!(got, want);
 }
