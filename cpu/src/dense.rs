@@ -1,7 +1,8 @@
-//! `x @ W` with `W` FP32 and stored `[in, out]` (the model's dense weights), for a few
-//! tokens at a time: decoding. Column strips of `W` split over the thread pool; each strip
-//! is read once per tile of tokens, straight from the weight's memory (no copy, no
-//! packing), so a decode step reads each weight once, as the quantized kernels do.
+//! `x @ W` with `W` FP32 and stored `[in, out]` (the model's dense weights), read where it
+//! lies (no copy). A few tokens (decoding): column strips of `W` split over the thread
+//! pool, each strip read once per tile of tokens, so a decode step reads each weight once,
+//! as the quantized kernels do. More tokens: `matrixmultiply`'s blocked product on column
+//! blocks of `W`, one per piece of work on the pool.
 
 use rayon::prelude::*;
 
@@ -9,13 +10,19 @@ use rayon::prelude::*;
 const STRIP: usize = 64;
 /// Tokens multiplied per pass over a strip.
 const TOKENS: usize = 4;
+/// Most tokens multiplied strip by strip; more go to the blocked product, which packs
+/// `W` once per call and pays that back over the tokens.
+const STRIP_MAX_TOKENS: usize = 8;
+/// Pieces of work per thread of the blocked product.
+const PIECES_PER_THREAD: usize = 2;
 
 /// `x @ W` for `x` `[tokens, inp]` and `w` `[inp, out]`, both row-major: `[tokens, out]`.
-/// Meant for a few tokens (each tile of [`TOKENS`] reads all of `W`); a big batch is a
-/// matrix product better left to a blocked GEMM.
 pub fn matmul_f32(x: &[f32], tokens: usize, w: &[f32], inp: usize, out: usize) -> Vec<f32> {
     assert_eq!(x.len(), tokens * inp, "x is [tokens, inp]");
     assert_eq!(w.len(), inp * out, "w is [inp, out]");
+    if tokens > STRIP_MAX_TOKENS {
+        return blocked(x, tokens, w, inp, out);
+    }
     let mut y = vec![0.0f32; tokens * out];
     if tokens == 0 || out == 0 {
         return y;
@@ -32,6 +39,58 @@ pub fn matmul_f32(x: &[f32], tokens: usize, w: &[f32], inp: usize, out: usize) -
                 .copy_from_slice(&sums[t * STRIP..t * STRIP + width]);
         }
     }
+    y
+}
+
+/// The output's memory, written by several pieces at once: each its own columns.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: pieces write disjoint columns, and the buffer outlives the parallel pass.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    /// The element `i` places in.
+    ///
+    /// # Safety
+    /// `i` must lie inside the buffer.
+    unsafe fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: the caller keeps `i` inside the buffer.
+        unsafe { self.0.add(i) }
+    }
+}
+
+/// [`matmul_f32`] for many tokens: `matrixmultiply::sgemm` on column blocks of `W`
+/// (multiples of 16 columns), in parallel.
+fn blocked(x: &[f32], tokens: usize, w: &[f32], inp: usize, out: usize) -> Vec<f32> {
+    let mut y = vec![0.0f32; tokens * out];
+    let pieces = rayon::current_num_threads() * PIECES_PER_THREAD;
+    let width = out.div_ceil(pieces).next_multiple_of(16).max(16);
+    let y_ptr = Out(y.as_mut_ptr());
+    (0..out.div_ceil(width)).into_par_iter().for_each(|b| {
+        let (c0, n) = (b * width, (out - b * width).min(width));
+        // SAFETY: A is `x` `[tokens, inp]`, B columns `c0..c0 + n` of `w` `[inp, out]`, C
+        // the same columns of `y` `[tokens, out]`: every index is inside its buffer, and
+        // no other piece writes these columns of `y`.
+        unsafe {
+            matrixmultiply::sgemm(
+                tokens,
+                inp,
+                n,
+                1.0,
+                x.as_ptr(),
+                inp as isize,
+                1,
+                w.as_ptr().add(c0),
+                out as isize,
+                1,
+                0.0,
+                y_ptr.at(c0),
+                out as isize,
+                1,
+            )
+        };
+    });
     y
 }
 

@@ -63,10 +63,6 @@ pub fn dequantized<B: Backend>(w: &QuantMatrix<B>) -> Tensor<B, 2> {
     Tensor::from_data(TensorData::new(values, [w.rows, w.cols]), &w.device())
 }
 
-/// Most tokens the CPU backend multiplies by a dense weight with `fornax_cpu::dense`
-/// (each tile of 4 reads the whole weight); more go to burn's blocked matmul.
-const DENSE_KERNEL_MAX_TOKENS: usize = 8;
-
 /// Rows dequantized per step of [`by_dequantized_rows`]: 18.9 MB of FP32 at 576 columns.
 const ROWS_PER_CHUNK: usize = 8192;
 
@@ -126,14 +122,13 @@ where
             .collect()
     }
 
-    /// A few tokens go through `fornax_cpu::dense`, which reads the weight where it lies:
-    /// burn-ndarray's matmul copies a shared weight whole to reshape it, then packs it,
-    /// three passes over the weight for a decode step's one row (`perf`: 55% of FP32
-    /// decoding). Bigger batches keep burn's blocked product, where that is amortised.
+    /// `fornax_cpu::dense`, which reads the weight where it lies: burn-ndarray's matmul
+    /// copies a shared weight whole to reshape it, then packs it, on one thread: three
+    /// passes over the weight for a decode step's one row (`perf`: 55% of FP32 decoding).
     fn dense_matmul(x: Tensor<Self, 2>, w: &Tensor<Self, 2>) -> Tensor<Self, 2> {
         let [tokens, inp] = x.dims();
         let [_, out] = w.dims();
-        if tokens > DENSE_KERNEL_MAX_TOKENS || FloatElem::<Self>::dtype() != DType::F32 {
+        if FloatElem::<Self>::dtype() != DType::F32 {
             return x.matmul(w.clone());
         }
         let weight = w.clone().into_primitive().tensor();

@@ -268,9 +268,10 @@ fn in_place_layer_ops_match_burn_operations() {
     assert!(rel < 1e-6, "swiglu on far gates: {rel}");
 }
 
-/// Dense FP32 products on the CPU backend (our kernel up to 8 tokens, burn's matmul
-/// above) against the product summed in FP64, on odd sizes: strips of 64 columns and a
-/// ragged last one, token tiles of 4 and a ragged last one.
+/// Dense FP32 products on the CPU backend (`fornax_cpu::dense`: column strips up to 8
+/// tokens, the blocked product on column blocks above) against the product summed in
+/// FP64, on odd sizes: strips of 64 columns and a ragged last one, token tiles of 4 and a
+/// ragged last one, column blocks of 16 and a ragged last one.
 #[test]
 fn dense_products_match_a_double_precision_sum() {
     use fornax_engine::quant::QuantOps;
@@ -279,7 +280,7 @@ fn dense_products_match_a_double_precision_sum() {
     let value = |i: usize, seed: f64| ((i as f64 * 0.61 + seed).sin() * 2.0) as f32;
     let w: Vec<f32> = (0..inp * out).map(|i| value(i, 0.3)).collect();
     let wt = Tensor::<B, 2>::from_data(TensorData::new(w.clone(), [inp, out]), &device);
-    for tokens in [1, 3, 4, 5, 8, 9] {
+    for tokens in [1, 3, 4, 5, 8, 9, 40] {
         let x: Vec<f32> = (0..tokens * inp).map(|i| value(i, 1.7)).collect();
         let xt = Tensor::<B, 2>::from_data(TensorData::new(x.clone(), [tokens, inp]), &device);
         let got = logits_to_vec(B::dense_matmul(xt, &wt));
