@@ -24,21 +24,18 @@ pub fn matmul_f32(x: &[f32], tokens: usize, w: &[f32], inp: usize, out: usize) -
         return blocked(x, tokens, w, inp, out);
     }
     let mut y = vec![0.0f32; tokens * out];
-    if tokens == 0 || out == 0 {
-        return y;
-    }
-    let strips = out.div_ceil(STRIP);
-    let sums: Vec<(usize, Vec<f32>)> = (0..strips)
-        .into_par_iter()
-        .map(|s| (s, strip_sums(x, tokens, w, inp, out, s * STRIP)))
-        .collect();
-    for (s, sums) in sums {
-        let (c0, width) = (s * STRIP, (out - s * STRIP).min(STRIP));
-        for t in 0..tokens {
-            y[t * out + c0..t * out + c0 + width]
-                .copy_from_slice(&sums[t * STRIP..t * STRIP + width]);
-        }
-    }
+    let y_ptr = Out(y.as_mut_ptr());
+    (0..out.div_ceil(STRIP)).into_par_iter().for_each(|s| {
+        let strip = Strip {
+            x,
+            w,
+            inp,
+            out,
+            c0: s * STRIP,
+        };
+        // SAFETY: the strip writes only its own columns of `y` `[tokens, out]`.
+        unsafe { strip.write(tokens, y_ptr) };
+    });
     y
 }
 
@@ -103,64 +100,64 @@ struct Strip<'a> {
     c0: usize,
 }
 
-/// Sums of every token for columns `c0..c0 + STRIP` (those past `out` stay zero):
-/// `[tokens, STRIP]`.
-fn strip_sums(x: &[f32], tokens: usize, w: &[f32], inp: usize, out: usize, c0: usize) -> Vec<f32> {
-    let strip = Strip { x, w, inp, out, c0 };
-    let width = (out - c0).min(STRIP);
-    let mut sums = vec![0.0f32; tokens * STRIP];
-    for t0 in (0..tokens).step_by(TOKENS) {
-        let n = (tokens - t0).min(TOKENS);
-        let mut tile = [[0.0f32; STRIP]; TOKENS];
-        if width == STRIP {
-            tile_full(&strip, t0, n, &mut tile);
-        } else {
-            for i in 0..inp {
-                let row = &w[i * out + c0..i * out + c0 + width];
-                for (j, acc) in tile[..n].iter_mut().enumerate() {
-                    let xi = x[(t0 + j) * inp + i];
-                    for (a, &wv) in acc.iter_mut().zip(row) {
-                        *a += xi * wv;
-                    }
+impl Strip<'_> {
+    /// Columns `c0..c0 + STRIP` (fewer at the end of a row) of every token's output,
+    /// written into `y` `[tokens, out]`.
+    ///
+    /// # Safety
+    /// `y` must hold `tokens * out` values that no one else writes in these columns.
+    unsafe fn write(&self, tokens: usize, y: Out) {
+        let width = (self.out - self.c0).min(STRIP);
+        for t0 in (0..tokens).step_by(TOKENS) {
+            let n = (tokens - t0).min(TOKENS);
+            let mut tile = [[0.0f32; STRIP]; TOKENS];
+            self.tile(t0, n, width, &mut tile);
+            for (j, acc) in tile[..n].iter().enumerate() {
+                // SAFETY: row `t0 + j`, columns `c0..c0 + width`: inside `y`, and only
+                // this strip writes them.
+                unsafe {
+                    let row = y.at((t0 + j) * self.out + self.c0);
+                    std::ptr::copy_nonoverlapping(acc.as_ptr(), row, width);
                 }
             }
         }
-        for (j, acc) in tile[..n].iter().enumerate() {
-            sums[(t0 + j) * STRIP..(t0 + j + 1) * STRIP].copy_from_slice(acc);
+    }
+
+    /// Tokens `t0..t0 + n` over the strip's first `width` columns: with AVX2 where the
+    /// CPU has it (the same sums, eight lanes at a time).
+    fn tile(&self, t0: usize, n: usize, width: usize, tile: &mut [[f32; STRIP]; TOKENS]) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            unsafe { self.tile_avx2(t0, n, width, tile) };
+            return;
         }
+        self.tile_portable(t0, n, width, tile);
     }
-    sums
-}
 
-/// Tokens `t0..t0 + n` over a whole strip: with AVX2 where the CPU has it (the same sums,
-/// eight lanes at a time).
-fn tile_full(s: &Strip, t0: usize, n: usize, tile: &mut [[f32; STRIP]; TOKENS]) {
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        unsafe { tile_avx2(s, t0, n, tile) };
-        return;
-    }
-    tile_portable(s, t0, n, tile);
-}
-
-#[inline(always)]
-fn tile_portable(s: &Strip, t0: usize, n: usize, tile: &mut [[f32; STRIP]; TOKENS]) {
-    for i in 0..s.inp {
-        let at = i * s.out + s.c0;
-        let row: &[f32; STRIP] = s.w[at..at + STRIP].try_into().expect("a whole strip");
-        for (j, acc) in tile[..n].iter_mut().enumerate() {
-            let xi = s.x[(t0 + j) * s.inp + i];
-            for (a, &wv) in acc.iter_mut().zip(row) {
-                *a += xi * wv;
+    #[inline(always)]
+    fn tile_portable(&self, t0: usize, n: usize, width: usize, tile: &mut [[f32; STRIP]; TOKENS]) {
+        for i in 0..self.inp {
+            let at = i * self.out + self.c0;
+            let row = &self.w[at..at + width];
+            for (j, acc) in tile[..n].iter_mut().enumerate() {
+                let xi = self.x[(t0 + j) * self.inp + i];
+                for (a, &wv) in acc.iter_mut().zip(row) {
+                    *a += xi * wv;
+                }
             }
         }
     }
-}
 
-/// [`tile_portable`] compiled for AVX2: the strip's 64 sums per token are eight vectors.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn tile_avx2(s: &Strip, t0: usize, n: usize, tile: &mut [[f32; STRIP]; TOKENS]) {
-    tile_portable(s, t0, n, tile)
+    /// [`Self::tile_portable`] compiled for AVX2; a whole strip (64 sums per token, eight
+    /// vectors) gets its own copy with the width known.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn tile_avx2(&self, t0: usize, n: usize, width: usize, tile: &mut [[f32; STRIP]; TOKENS]) {
+        if width == STRIP {
+            self.tile_portable(t0, n, STRIP, tile)
+        } else {
+            self.tile_portable(t0, n, width, tile)
+        }
+    }
 }

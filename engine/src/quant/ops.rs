@@ -128,15 +128,12 @@ where
     fn dense_matmul(x: Tensor<Self, 2>, w: &Tensor<Self, 2>) -> Tensor<Self, 2> {
         let [tokens, inp] = x.dims();
         let [_, out] = w.dims();
-        if FloatElem::<Self>::dtype() != DType::F32 {
-            return x.matmul(w.clone());
-        }
         let weight = w.clone().into_primitive().tensor();
-        let NdArrayTensor::F32(storage) = &weight else {
-            return x.matmul(w.clone());
+        let view = match &weight {
+            NdArrayTensor::F32(storage) => Some(storage.view()),
+            _ => None,
         };
-        let view = storage.view();
-        let Some(values) = view.to_slice() else {
+        let Some(values) = view.as_ref().and_then(|v| v.to_slice()) else {
             return x.matmul(w.clone());
         };
         let device = x.device();
