@@ -46,6 +46,7 @@ pub fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {
             _ => WgpuDevice::Cpu,
         };
         let setup = init_setup::<Vulkan>(&device, RuntimeOptions::default());
+        declare_fixed_width_subgroups(&setup.device, &setup.adapter);
         let name = format!(
             "{} ({:?}, Vulkan)",
             setup.adapter.get_info().name,
@@ -54,6 +55,18 @@ pub fn wgpu_device() -> Result<(WgpuDevice, String), BackendError> {
         Ok((device, name))
     });
     init.clone().map_err(|_| BackendError::NoWgpuAdapter)
+}
+
+/// Tells the product kernels when the device runs subgroup operations on subgroups of one
+/// fixed width, which cubecl does not report for CPU adapters (lavapipe: 8 lanes).
+fn declare_fixed_width_subgroups(device: &wgpu::Device, adapter: &wgpu::Adapter) {
+    let info = adapter.get_info();
+    if device.features().contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_min_size > 0
+        && info.subgroup_min_size == info.subgroup_max_size
+    {
+        fornax_shaders::quant_launch::declare_planes(info.subgroup_min_size as usize);
+    }
 }
 
 /// Sizes the CPU backend's thread pool (default: the available parallelism). Call before

@@ -3,8 +3,9 @@
 use burn_cubecl::{
     kernel::into_contiguous, ops::numeric::empty_device_dtype, tensor::CubeTensor, CubeRuntime,
 };
+use cubecl::features::Plane;
 use cubecl::prelude::*;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::epilogue::{finish_product, out_width, RESIDUAL, ROPE_KV, STORE, SWIGLU};
 use crate::quant_matmul::{
@@ -35,6 +36,9 @@ pub struct MatvecShape {
     pub rows_per_cube: usize,
     /// Rows each unit adds up (a divisor of `rows_per_cube`; even, or 1).
     pub rows_per_unit: usize,
+    /// Whether the `lanes` units of a row group are one plane whose sums meet through
+    /// plane operations, with no workgroup memory and no barrier (`rows_per_unit` even).
+    pub planes: bool,
 }
 
 impl MatvecShape {
@@ -43,6 +47,7 @@ impl MatvecShape {
         lanes: 1,
         rows_per_cube: 64,
         rows_per_unit: 1,
+        planes: false,
     };
     /// 32 units per row, 4 rows per cube: a warp per row on NVIDIA GPUs, where the loads
     /// of neighbouring units coalesce.
@@ -50,6 +55,7 @@ impl MatvecShape {
         lanes: 32,
         rows_per_cube: 4,
         rows_per_unit: 1,
+        planes: false,
     };
 
     /// The shape for `tokens` tokens on this device ([`MatvecShape::for_limits`] of its
@@ -81,9 +87,14 @@ impl MatvecShape {
             false => CPU_ROWS_TIMES_TOKENS,
         };
         let rows_per_unit = (rows_times_tokens / bound).max(2);
+        let planes = device.planes_of(lanes);
         let budget = device.max_shared.min(16 * 1024);
-        // Partial sums (`lanes` per row and token) and totals (one per row and token).
-        let per_row = bound * (lanes + 1) * std::mem::size_of::<f32>();
+        // Partial sums (`lanes` per row and token) and totals (one per row and token);
+        // none with planes, where the units only have to fit the device.
+        let per_row = match planes {
+            true => 0,
+            false => bound * (lanes + 1) * std::mem::size_of::<f32>(),
+        };
         let mut rows_per_cube = 128;
         while rows_per_cube > rows_per_unit
             && (rows_per_cube * per_row > budget
@@ -95,6 +106,7 @@ impl MatvecShape {
             lanes,
             rows_per_cube,
             rows_per_unit,
+            planes,
         }
     }
 }
@@ -111,6 +123,10 @@ pub struct MatvecDevice {
     pub max_units: usize,
     /// Whether the adapter was declared a software one ([`declare_software_adapter`]).
     pub software: bool,
+    /// The plane width when every plane has it and plane operations work on the device:
+    /// cubecl's plane feature, or [`declare_planes`] (cubecl leaves the feature off on
+    /// CPU adapters such as lavapipe, whose subgroups are 8 lanes wide). 0 otherwise.
+    pub plane_ops: usize,
 }
 
 impl MatvecDevice {
@@ -122,7 +138,19 @@ impl MatvecDevice {
             max_shared: hardware.max_shared_memory_size,
             max_units: hardware.max_units_per_cube as usize,
             software: SOFTWARE_ADAPTER.load(Ordering::Relaxed),
+            plane_ops: match client.properties().features.plane.contains(Plane::Ops) {
+                true if hardware.plane_size_min == hardware.plane_size_max => {
+                    hardware.plane_size_max as usize
+                }
+                _ => DECLARED_PLANES.load(Ordering::Relaxed),
+            },
         }
+    }
+
+    /// Whether `lanes` units can add up their sums through plane operations: planes of
+    /// exactly that width.
+    pub fn planes_of(&self, lanes: usize) -> bool {
+        self.plane_ops == lanes
     }
 
     /// Whether the device reports planes narrower than a GPU's 32 lanes (lavapipe: 8).
@@ -139,6 +167,18 @@ impl MatvecDevice {
 
 /// Set by [`declare_software_adapter`].
 static SOFTWARE_ADAPTER: AtomicBool = AtomicBool::new(false);
+
+/// Set by [`declare_planes`].
+static DECLARED_PLANES: AtomicUsize = AtomicUsize::new(0);
+
+/// Declares that this process's wgpu device runs plane (subgroup) operations on planes of
+/// exactly `width` lanes, where cubecl does not say so itself: it leaves its plane feature
+/// off on CPU adapters, yet lavapipe's subgroups (8 lanes) run them. On lavapipe the
+/// products' sums then meet without workgroup memory or barriers, which LLVM compiles
+/// 2-3x faster (a barrier makes a shader a coroutine) and which runs as fast or faster.
+pub fn declare_planes(width: usize) {
+    DECLARED_PLANES.store(width, Ordering::Relaxed);
+}
 
 /// Declares that this process's WebGPU adapter computes on the CPU: a browser's fallback
 /// adapter (Chromium's SwiftShader). WebGPU reports no plane size, so without this the
@@ -157,6 +197,8 @@ fn matvec_bound(tokens: usize) -> usize {
 /// grows with both, and lavapipe's compile time faster still: at 4 tokens, 2 / 4 / 8 / 16
 /// rows per unit compiled in 0.6 / 1.3 / 3.7 / 16.7 s (3072 x 576 Q4_1, empty shader
 /// cache) and ran in 15.4 / 9.7 / 6.5 / 5.1 ms. 16 keeps every variant near a second.
+/// (Measured with the sums meeting in workgroup memory; through planes, where lavapipe has
+/// them, the default shapes compile 2-3x faster.)
 pub const CPU_ROWS_TIMES_TOKENS: usize = 16;
 
 /// Rows times compiled tokens on a browser's fallback adapter (SwiftShader in headless
@@ -363,6 +405,10 @@ pub fn matmul_then<R: CubeRuntime>(
         into_contiguous(w.scales.clone()).into_array_arg(),
     );
     if tokens <= MATVEC_MAX_TOKENS {
+        assert!(
+            !matvec.planes || matvec.rows_per_unit.is_multiple_of(2),
+            "planes finish pairs of rows a unit holds: an even number of rows per unit"
+        );
         let bound = matvec_bound(tokens);
         quant_matvec::launch::<R>(
             &client,
@@ -391,6 +437,7 @@ pub fn matmul_then<R: CubeRuntime>(
             matvec.lanes,
             matvec.rows_per_cube,
             matvec.rows_per_unit,
+            matvec.planes,
             a.mode,
         );
     } else {

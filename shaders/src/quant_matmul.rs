@@ -136,8 +136,9 @@ fn code(word: u32, #[comptime] shift: u32, #[comptime] format: u32) -> f32 {
 ///
 /// Cube `(lanes, rows_per_cube / rows_per_unit)`: each unit adds up `rows_per_unit`
 /// neighbouring rows, the `lanes` units of those rows split their blocks, each keeps one
-/// FP32 sum per row and token, and the sums meet in workgroup memory (the shapes measured
-/// on each device are in [`crate::quant_launch::MatvecShape`]).
+/// FP32 sum per row and token, and the sums meet through plane operations when `planes`
+/// (the lanes are one plane: lavapipe), else in workgroup memory (the shapes measured on
+/// each device are in [`crate::quant_launch::MatvecShape`]).
 ///
 /// Inputs and code words are read [`VECTOR`] at a time (launched with that vector size;
 /// rows are whole blocks, so every vector is aligned): one 16-byte load on a GPU, and on
@@ -166,6 +167,7 @@ pub fn quant_matvec<N: Size>(
     #[comptime] lanes: usize,
     #[comptime] rows_per_cube: usize,
     #[comptime] rows_per_unit: usize,
+    #[comptime] planes: bool,
     #[comptime] mode: u32,
 ) {
     let lane = UNIT_POS_X as usize;
@@ -265,8 +267,97 @@ pub fn quant_matvec<N: Size>(
         }
     }
 
-    // Each row's sums meet in workgroup memory, then the units finish even rows with
-    // their neighbours (`rows_per_cube` is even, so pairs never straddle cubes).
+    if comptime!(planes) {
+        // The `lanes` units of a row group are one plane: their sums meet in registers,
+        // and the unit of lane 0 finishes the pairs of rows it holds, with no workgroup
+        // memory and no barrier.
+        let mut totals = Array::<f32>::new(sums);
+        #[unroll]
+        for i in 0..sums {
+            totals[i] = plane_sum(acc[i]);
+        }
+        if lane == 0 {
+            #[unroll]
+            for p in 0..comptime!(rows_per_unit / 2) {
+                let r = comptime!(2 * p);
+                let row = row0 + r;
+                if row < rows {
+                    #[unroll]
+                    for t in 0..tokens {
+                        if t < n_tokens {
+                            finish_pair(
+                                out,
+                                aux_a,
+                                aux_b,
+                                info,
+                                table,
+                                t,
+                                row,
+                                rows,
+                                totals[comptime!(t * rows_per_unit + r)],
+                                totals[comptime!(t * rows_per_unit + r + 1)],
+                                q_width,
+                                kv_width,
+                                head_dim,
+                                mode,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        matvec_totals_in_shared(
+            &acc,
+            out,
+            aux_a,
+            aux_b,
+            info,
+            table,
+            lane,
+            first,
+            row0,
+            rows,
+            n_tokens,
+            q_width,
+            kv_width,
+            head_dim,
+            tokens,
+            lanes,
+            rows_per_cube,
+            rows_per_unit,
+            mode,
+        );
+    }
+}
+
+/// [`quant_matvec`]'s end without planes: each row's sums meet in workgroup memory, then
+/// the units finish even rows with their neighbours (`rows_per_cube` is even, so pairs
+/// never straddle cubes).
+#[cube]
+// CubeCL expands operators, not `is_multiple_of`.
+#[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
+fn matvec_totals_in_shared(
+    acc: &Array<f32>,
+    out: &mut Array<f32>,
+    aux_a: &mut Array<f32>,
+    aux_b: &mut Array<f32>,
+    info: &Array<u32>,
+    table: &Array<f32>,
+    lane: usize,
+    first: usize,
+    row0: usize,
+    rows: usize,
+    n_tokens: usize,
+    q_width: u32,
+    kv_width: u32,
+    head_dim: u32,
+    #[comptime] tokens: usize,
+    #[comptime] lanes: usize,
+    #[comptime] rows_per_cube: usize,
+    #[comptime] rows_per_unit: usize,
+    #[comptime] mode: u32,
+) {
     let mut totals = SharedMemory::<f32>::new(tokens * rows_per_cube);
     if comptime!(lanes == 1) {
         #[unroll]

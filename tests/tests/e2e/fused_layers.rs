@@ -88,58 +88,47 @@ const TOKENS: [usize; 5] = [1, 3, 8, 13, 40];
 fn residual_and_swiglu_epilogues_match_separate_operations() {
     let _shared = crate::common::wgpu_shared();
     let device = wgpu_device().expect("a wgpu adapter").0;
-    for (i, ty) in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_0]
-        .into_iter()
-        .enumerate()
-    {
-        // Odd heights: the last pair has one row.
-        let c = case(ty, 77, 96, 40 + i as u64);
-        let gate_up = case(ty, 90, 64, 50 + i as u64);
-        // An epilogue sees only a row's finished sum, whatever the format, and
-        // `quant_kernels` checks every format's sums at every shape: the model's format
-        // (Q4_1) takes every token count, the others one per kernel family. Each
-        // (format, tokens, route, epilogue) is a shader that lavapipe compiles from cold in
-        // about 2.5 s.
-        let token_counts: &[usize] = match ty {
-            GgmlType::Q4_1 => &TOKENS,
-            _ => &[3, 13],
-        };
-        for &tokens in token_counts {
-            let x =
-                Tensor::<B, 2>::random([tokens, c.cols], Distribution::Uniform(-1.0, 1.0), &device);
-            let res =
-                Tensor::<B, 2>::random([tokens, c.rows], Distribution::Uniform(-4.0, 4.0), &device);
-            let product = tensor(quant_launch::matmul(float(x.clone()), &words(&c), None));
-            let want = host(product + res.clone());
-            let xg =
-                Tensor::<B, 2>::random([tokens, 64], Distribution::Uniform(-2.0, 2.0), &device);
-            let both = tensor(quant_launch::matmul(
-                float(xg.clone()),
-                &words(&gate_up),
-                None,
+    // An epilogue sees only a row's finished sum, whatever the format, and `quant_kernels`
+    // checks every format's sums at every shape and kernel: the epilogues are checked
+    // on the model's format (Q4_1). Each (tokens, route, epilogue) is a shader lavapipe
+    // compiles from cold in a second or more.
+    let ty = GgmlType::Q4_1;
+    // Odd heights: the last pair has one row.
+    let c = case(ty, 77, 96, 40);
+    let gate_up = case(ty, 90, 64, 50);
+    for tokens in TOKENS {
+        let x = Tensor::<B, 2>::random([tokens, c.cols], Distribution::Uniform(-1.0, 1.0), &device);
+        let res =
+            Tensor::<B, 2>::random([tokens, c.rows], Distribution::Uniform(-4.0, 4.0), &device);
+        let product = tensor(quant_launch::matmul(float(x.clone()), &words(&c), None));
+        let want = host(product + res.clone());
+        let xg = Tensor::<B, 2>::random([tokens, 64], Distribution::Uniform(-2.0, 2.0), &device);
+        let both = tensor(quant_launch::matmul(
+            float(xg.clone()),
+            &words(&gate_up),
+            None,
+        ));
+        let pairs = both.reshape([tokens, 45, 2]);
+        let part = |p| pairs.clone().narrow(2, p, 1).reshape([tokens, 45]);
+        let want_swiglu = host(burn::tensor::activation::silu(part(0)) * part(1));
+        for route in routes(tokens) {
+            let got = host(through(
+                route,
+                x.clone(),
+                &c,
+                Epilogue::Residual(float(res.clone())),
             ));
-            let pairs = both.reshape([tokens, 45, 2]);
-            let part = |p| pairs.clone().narrow(2, p, 1).reshape([tokens, 45]);
-            let want_swiglu = host(burn::tensor::activation::silu(part(0)) * part(1));
-            for route in routes(tokens) {
-                let got = host(through(
-                    route,
-                    x.clone(),
-                    &c,
-                    Epilogue::Residual(float(res.clone())),
-                ));
-                let err = worst(&got, &want);
-                assert!(
-                    err < 1e-5,
-                    "{ty:?} residual, {tokens} tokens, {route:?}: {err}"
-                );
-                let got = host(through(route, xg.clone(), &gate_up, Epilogue::Swiglu));
-                let err = worst(&got, &want_swiglu);
-                assert!(
-                    err < 1e-5,
-                    "{ty:?} SwiGLU, {tokens} tokens, {route:?}: {err}"
-                );
-            }
+            let err = worst(&got, &want);
+            assert!(
+                err < 1e-5,
+                "{ty:?} residual, {tokens} tokens, {route:?}: {err}"
+            );
+            let got = host(through(route, xg.clone(), &gate_up, Epilogue::Swiglu));
+            let err = worst(&got, &want_swiglu);
+            assert!(
+                err < 1e-5,
+                "{ty:?} SwiGLU, {tokens} tokens, {route:?}: {err}"
+            );
         }
     }
 }

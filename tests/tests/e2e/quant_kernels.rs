@@ -8,7 +8,9 @@
 //! fused multiply-adds, so the tolerance is relative to the size of the terms summed:
 //! `|kernel - reference| <= 1e-5 * sum_c |x_c w_c|` (about 1e-6 is seen).
 
+use burn::backend::wgpu::WgpuRuntime;
 use burn::tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
+use burn_cubecl::cubecl::Runtime;
 use fornax_backends::{wgpu_device, CpuBackend as Cpu, WgpuBackend};
 use fornax_engine::gguf::GgmlType;
 use fornax_engine::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};
@@ -122,6 +124,7 @@ fn check(c: &Case, tokens: usize, shape: Option<MatvecShape>) -> f32 {
 #[test]
 fn matvec_kernel_matches_dequantize_then_matmul() {
     let _shared = crate::common::wgpu_shared();
+    let client = WgpuRuntime::client(&wgpu_device().unwrap().0);
     let shapes = [
         MatvecShape::ROW_PER_UNIT,
         MatvecShape::WARP_PER_ROW,
@@ -130,11 +133,15 @@ fn matvec_kernel_matches_dequantize_then_matmul() {
             lanes: 1,
             rows_per_cube: 32,
             rows_per_unit: 2,
+            planes: false,
         },
+        // Through planes where the device has 8-lane ones (lavapipe); the fallback
+        // adapter's shapes below take workgroup memory.
         MatvecShape {
             lanes: 8,
             rows_per_cube: 32,
             rows_per_unit: 4,
+            planes: MatvecDevice::of(&client).planes_of(8),
         },
     ];
     for (i, ty) in FORMATS.into_iter().enumerate() {
@@ -178,6 +185,7 @@ const WEBGPU_FALLBACK: MatvecDevice = MatvecDevice {
     max_shared: 16 * 1024,
     max_units: 256,
     software: true,
+    plane_ops: 0,
 };
 
 #[test]
@@ -187,12 +195,14 @@ fn matvec_shapes_fit_the_device() {
         max_shared: 32 * 1024,
         max_units: 1024,
         software: false,
+        plane_ops: 8,
     };
     let gpu = MatvecDevice {
         plane_size_max: 32,
         max_shared: 48 * 1024,
         max_units: 1024,
         software: false,
+        plane_ops: 32,
     };
     let webgpu_gpu = MatvecDevice {
         software: false,
@@ -211,7 +221,10 @@ fn matvec_shapes_fit_the_device() {
             let s = MatvecShape::for_limits(device, tokens);
             let bound = tokens.next_power_of_two();
             let units = s.lanes * s.rows_per_cube / s.rows_per_unit;
-            let shared = bound * s.rows_per_cube * (s.lanes + 1) * 4;
+            let shared = match s.planes {
+                true => 0,
+                false => bound * s.rows_per_cube * (s.lanes + 1) * 4,
+            };
             assert_eq!(
                 s.rows_per_cube % s.rows_per_unit,
                 0,
@@ -227,6 +240,19 @@ fn matvec_shapes_fit_the_device() {
     let rows = |device, tokens| MatvecShape::for_limits(device, tokens).rows_per_unit;
     assert_eq!((rows(lavapipe, 1), rows(WEBGPU_FALLBACK, 1)), (16, 4));
     assert_eq!((rows(lavapipe, 8), rows(WEBGPU_FALLBACK, 8)), (2, 2));
+    // Lavapipe's lanes add up through its 8-lane planes; WebGPU tells nothing of planes.
+    for tokens in 1..=8 {
+        assert!(MatvecShape::for_limits(lavapipe, tokens).planes);
+        assert!(!MatvecShape::for_limits(WEBGPU_FALLBACK, tokens).planes);
+        assert!(!MatvecShape::for_limits(gpu, tokens).planes);
+    }
+    // cubecl reports no planes on CPU adapters: the device setup declares lavapipe's.
+    let (device, adapter) = wgpu_device().unwrap();
+    if adapter.starts_with("llvmpipe") {
+        let client = WgpuRuntime::client(&device);
+        assert_eq!(MatvecDevice::of(&client).plane_ops, 8, "{adapter}");
+        assert!(MatvecShape::for_device(&client, 1).planes, "{adapter}");
+    }
     // Decode attention: registers on CPU cores, workgroup-memory tiles on GPUs.
     for (device, kernel) in [
         (lavapipe, DecodeKernel::UnitKeys),
