@@ -252,11 +252,6 @@ fn matvec_shapes_fit_the_device() {
         let client = WgpuRuntime::client(&device);
         assert_eq!(MatvecDevice::of(&client).plane_ops, 8, "{adapter}");
         assert!(MatvecShape::for_device(&client, 1).planes, "{adapter}");
-        assert_eq!(
-            DecodeKernel::for_device(&client),
-            DecodeKernel::UnitKeysPlanes,
-            "{adapter}"
-        );
     }
     // Decode attention: registers on CPU cores (merged through planes where they are its
     // 8 units), workgroup-memory tiles on GPUs.
