@@ -114,11 +114,8 @@ pub enum DecodeKernel {
     /// [`paged_decode`]: 32 units share each tile of keys through workgroup memory (GPUs).
     Tiles,
     /// [`paged_decode_unit_keys`]: 8 units each take every 8th key, in registers (devices
-    /// that compute on CPU cores), and merge through workgroup memory.
+    /// that compute on CPU cores).
     UnitKeys,
-    /// [`UnitKeys`](Self::UnitKeys) merging through plane operations, with no barrier
-    /// (devices whose planes are exactly its 8 units: lavapipe).
-    UnitKeysPlanes,
 }
 
 impl DecodeKernel {
@@ -129,9 +126,7 @@ impl DecodeKernel {
 
     /// The kernel for a device with `device`'s limits.
     pub fn for_limits(device: MatvecDevice) -> Self {
-        if device.cpu_like() && device.planes_of(UNIT_KEYS_UNITS) {
-            Self::UnitKeysPlanes
-        } else if device.cpu_like() {
+        if device.cpu_like() {
             Self::UnitKeys
         } else {
             Self::Tiles
@@ -160,7 +155,7 @@ pub fn decode<R: CubeRuntime>(
     let count = CubeCount::Static(rows as u32, shape.n_kv_heads as u32, 1);
     let units = match kernel {
         DecodeKernel::Tiles => BLOCK_TOKENS,
-        DecodeKernel::UnitKeys | DecodeKernel::UnitKeysPlanes => UNIT_KEYS_UNITS,
+        DecodeKernel::UnitKeys => UNIT_KEYS_UNITS,
     };
     let dim = CubeDim::new_1d(units as u32);
     let (tables, row_seq, row_pos) = (
@@ -174,9 +169,9 @@ pub fn decode<R: CubeRuntime>(
         shape.scale(),
     );
     let (q_arg, out_arg) = (q.into_array_arg(), out.clone().into_array_arg());
-    // The kernels take the same arguments.
+    // The two kernels take the same arguments.
     macro_rules! decode_with {
-        ($kernel:ident $(, $planes:expr)?) => {
+        ($kernel:ident) => {
             launch_over!(
                 $kernel,
                 kv,
@@ -191,15 +186,13 @@ pub fn decode<R: CubeRuntime>(
                     scale,
                     shape.head_dim,
                     shape.group()
-                    $(, $planes)?
                 )
             )
         };
     }
     match kernel {
         DecodeKernel::Tiles => decode_with!(paged_decode),
-        DecodeKernel::UnitKeys => decode_with!(paged_decode_unit_keys, false),
-        DecodeKernel::UnitKeysPlanes => decode_with!(paged_decode_unit_keys, true),
+        DecodeKernel::UnitKeys => decode_with!(paged_decode_unit_keys),
     }
     out
 }

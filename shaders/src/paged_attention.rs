@@ -511,9 +511,8 @@ pub const UNIT_KEYS_UNITS: usize = 8;
 /// Cube `(row, kv_head)` as in [`paged_decode`], but with [`UNIT_KEYS_UNITS`] units and
 /// no tile in workgroup memory: unit `u` takes keys `u, u + 8, ..`, reading each K and V
 /// row straight into registers, and keeps its own running softmax and output for the
-/// `group` query heads. The units' partial results are merged at the end: through plane
-/// operations when `planes` (the 8 units are one plane: lavapipe), else one query head at
-/// a time through workgroup memory.
+/// `group` query heads. The units' partial results are merged at the end, one query head
+/// at a time, through workgroup memory.
 ///
 /// On a CPU every load from a buffer or from workgroup memory is a loop over the SIMD
 /// lanes, while registers cost nothing of the kind: [`paged_decode`] loads each tile value
@@ -536,7 +535,6 @@ pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
     softmax_scale: f32,
     #[comptime] hd: usize,
     #[comptime] group: usize,
-    #[comptime] planes: bool,
 ) {
     let row = CUBE_POS_X as usize;
     let head = CUBE_POS_Y as usize;
@@ -601,51 +599,7 @@ pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
         key += UNIT_KEYS_UNITS;
     }
 
-    if comptime!(planes) {
-        // The units are one plane: their partial results merge in registers, with no
-        // workgroup memory and no barrier. Units without keys hold NEG_BIG and weigh
-        // nothing; unit 0 always has key 0. Unit `d % 8` writes output `d`.
-        #[unroll]
-        for h in 0..group {
-            let max = plane_max(running_max[h]);
-            let weight = f32::exp(running_max[h] - max);
-            let total = plane_sum(running_sum[h] * weight);
-            #[unroll]
-            for d in 0..hd {
-                let sum = plane_sum(acc[h * hd + d] * weight);
-                if unit == comptime!(d % UNIT_KEYS_UNITS) {
-                    out[q_base + h * hd + d] = sum / total;
-                }
-            }
-        }
-    } else {
-        merge_unit_keys_in_shared(
-            out,
-            &running_max,
-            &running_sum,
-            &acc,
-            unit,
-            q_base,
-            hd,
-            group,
-        );
-    }
-}
-
-/// [`paged_decode_unit_keys`]'s end without planes: the units' partial results merge
-/// through workgroup memory, one query head at a time.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn merge_unit_keys_in_shared(
-    out: &mut Array<f32>,
-    running_max: &Array<f32>,
-    running_sum: &Array<f32>,
-    acc: &Array<f32>,
-    unit: usize,
-    q_base: usize,
-    #[comptime] hd: usize,
-    #[comptime] group: usize,
-) {
+    // Merge the units' partial results, one query head at a time.
     let mut maxes = SharedMemory::<f32>::new(UNIT_KEYS_UNITS);
     let mut sums = SharedMemory::<f32>::new(UNIT_KEYS_UNITS);
     let mut partial = SharedMemory::<f32>::new(comptime!(UNIT_KEYS_UNITS * hd));

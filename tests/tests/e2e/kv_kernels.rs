@@ -10,17 +10,13 @@
 //! max/127 give up to 6e-2.
 
 use crate::common::run_on;
-use burn::backend::wgpu::WgpuRuntime;
 use burn::tensor::{Distribution, Tensor};
-use burn_cubecl::cubecl::Runtime;
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::kv::{
     reference, AttentionShape, KvCapacity, KvDims, PagedBatch, PagedKv, SeqId, Tier, TierPolicy,
 };
 use fornax_engine::EngineBackend;
 use fornax_shaders::launch::DecodeKernel;
-use fornax_shaders::paged_attention::UNIT_KEYS_UNITS;
-use fornax_shaders::quant_launch::MatvecDevice;
 
 const N_KV: usize = 3;
 const GROUP: usize = 3;
@@ -197,15 +193,9 @@ impl BackendTask for KernelCheck {
         // FP32-only batches may bind only the FP32 arenas (8 buffers, within WebGPU's limits).
         let only_f32 = tiers[Tier::F16.index()] == 0 && tiers[Tier::I8.index()] == 0;
         assert_eq!(batch.all_f32, only_f32, "{tiers:?}");
-        // Decode batches on wgpu run every decode kernel the device can, whichever it would
-        // pick: the one merging through planes where they are 8 lanes wide (lavapipe).
+        // Decode batches on wgpu run both decode kernels, whichever this device would pick.
         let decode_kernels = if batch.decode_only && self.backend == BackendKind::Wgpu {
-            let client = WgpuRuntime::client(&fornax_backends::wgpu_device().unwrap().0);
-            let mut kernels = vec![Some(DecodeKernel::Tiles), Some(DecodeKernel::UnitKeys)];
-            if MatvecDevice::of(&client).planes_of(UNIT_KEYS_UNITS) {
-                kernels.push(Some(DecodeKernel::UnitKeysPlanes));
-            }
-            kernels
+            vec![Some(DecodeKernel::Tiles), Some(DecodeKernel::UnitKeys)]
         } else {
             vec![None]
         };

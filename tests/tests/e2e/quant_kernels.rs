@@ -253,10 +253,9 @@ fn matvec_shapes_fit_the_device() {
         assert_eq!(MatvecDevice::of(&client).plane_ops, 8, "{adapter}");
         assert!(MatvecShape::for_device(&client, 1).planes, "{adapter}");
     }
-    // Decode attention: registers on CPU cores (merged through planes where they are its
-    // 8 units), workgroup-memory tiles on GPUs.
+    // Decode attention: registers on CPU cores, workgroup-memory tiles on GPUs.
     for (device, kernel) in [
-        (lavapipe, DecodeKernel::UnitKeysPlanes),
+        (lavapipe, DecodeKernel::UnitKeys),
         (WEBGPU_FALLBACK, DecodeKernel::UnitKeys),
         (gpu, DecodeKernel::Tiles),
         (webgpu_gpu, DecodeKernel::Tiles),
