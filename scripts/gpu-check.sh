@@ -1,31 +1,61 @@
 #!/usr/bin/env bash
 # CUDA checks on a machine with an NVIDIA GPU, given a fornax binary built with
-# `--features cuda` and the default model: greedy tokens of the reference prompts against
-# the float reference (through the paged KV cache and our attention kernels), perplexity
-# of the reference text over the paged and the contiguous cache and with FP32 weights
-# (`--dequantize`; the default keeps Q4_1/Q8_0 weights quantized for our matmul kernels),
-# `bench single` (the fused kernels, the same quantized weights operation by operation and
-# FP32 weights side by side, with dispatches and syncs per decoded token), the aggregate
-# decode rate of 64 sequences (`bench case`, fused and `--reference-ops`), `bench kv`,
-# `bench load` and `bench table` (before/after at GPU sizes, plots in OUT_DIR/bench).
+# `--features cuda` and the default model. In order of what matters most, each step under
+# its own time limit and skipped once the whole budget is spent:
+# - greedy tokens of the reference prompts against the float reference (through the paged
+#   KV cache, our attention kernels and the fused layers);
+# - `bench single`: the fused kernels, the same quantized weights operation by operation
+#   and FP32 weights side by side, with dispatches and syncs per decoded token;
+# - the aggregate decode rate of 64 sequences (`bench case`, fused and `--reference-ops`);
+# - perplexity of the reference text over the paged cache, the contiguous cache, FP32
+#   weights (`--dequantize`) and `--reference-ops`;
+# - `bench kv`, `bench load` and `bench table` (before/after at GPU sizes, plots in
+#   OUT_DIR/bench).
+# Each step's output goes to OUT_DIR/NAME.txt and a line of its wall time to
+# OUT_DIR/steps.txt.
 # Usage: scripts/gpu-check.sh FORNAX_BINARY MODEL.gguf [OUT_DIR]
+# Environment: GPU_CHECK_BUDGET_S (default 420): no step starts after this many seconds;
+# BACKEND (default cuda): rehearse the script on `cpu` or `wgpu` where there is no GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1 model=$2 out=${3:-.}
+budget=${GPU_CHECK_BUDGET_S:-420}
+backend=${BACKEND:-cuda}
 ref=tests/reference
-nvidia-smi -L || true
-"$bin" info --backend cuda --model "$model"
-python3 - "$ref/prompts.json" > "$out/prompts.txt" <<'PY'
+mkdir -p "$out"
+: >"$out/steps.txt"
+started=$SECONDS
+
+# `step NAME LIMIT_S COMMAND...`: runs COMMAND under LIMIT_S seconds (never past the
+# budget), its output to the console and OUT_DIR/NAME.txt, and records how it went.
+step() {
+    local name=$1 limit=$2 t0=$SECONDS rc left
+    shift 2
+    left=$((budget - (SECONDS - started)))
+    if [ "$left" -le 0 ]; then
+        echo "$name: skipped (budget spent)" | tee -a "$out/steps.txt"
+        return
+    fi
+    [ "$limit" -le "$left" ] || limit=$left
+    echo "== $name (limit ${limit} s)"
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$name.txt"
+    rc=${PIPESTATUS[0]}
+    echo "$name: $((SECONDS - t0)) s, exit $rc$([ "$rc" = 124 ] && echo ' (time limit)')" | tee -a "$out/steps.txt"
+}
+
+greedy() {
+    python3 - "$ref/prompts.json" >"$out/prompts.txt" <<'PY'
 import json, sys
 for p in json.load(open(sys.argv[1]))["prompts"]:
     print(p["prompt"])
 PY
-i=0
-while IFS= read -r prompt; do
-    "$bin" generate "$prompt" --max-tokens 32 --ignore-eos --json --backend cuda --model "$model" > "$out/greedy_$i.json"
-    i=$((i + 1))
-done < "$out/prompts.txt"
-python3 - "$ref/prompts.json" "$out" <<'PY'
+    local i=0 prompt
+    while IFS= read -r prompt; do
+        "$bin" generate "$prompt" --max-tokens 32 --ignore-eos --json --backend "$backend" \
+            --model "$model" >"$out/greedy_$i.json"
+        i=$((i + 1))
+    done <"$out/prompts.txt"
+    python3 - "$ref/prompts.json" "$out" <<'PY'
 import json, sys
 ref = json.load(open(sys.argv[1]))["prompts"]
 for i, p in enumerate(ref):
@@ -37,16 +67,27 @@ for i, p in enumerate(ref):
           f"greedy tokens equal to the float reference: {same}/32"
           + ("" if margin is None else f" (reference margin at divergence {margin:.3f})"))
 PY
-"$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model"
-"$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model" --contiguous-kv
-"$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model" --dequantize
-"$bin" perplexity "$ref/ppl_text.txt" --backend cuda --model "$model" --reference-ops
-"$bin" bench single --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --runs 5
-"$bin" bench case --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --sequences 64
-"$bin" bench case --backend cuda --model "$model" --prompt-tokens 128 --gen-tokens 64 --sequences 64 --reference-ops
-"$bin" bench kv --backend cuda --model "$model" --text "$ref/ppl_text.txt" --steps 32
-"$bin" bench load --backend cuda --model "$model" --text "$ref/ppl_text.txt" --requests 64
+}
+
+export -f greedy
+export bin model out ref backend
+nvidia-smi -L || true
+m=(--backend "$backend" --model "$model")
+step info 120 "$bin" info "${m[@]}"
+step greedy 180 bash -c greedy
+step bench_single 180 "$bin" bench single "${m[@]}" --prompt-tokens 128 --gen-tokens 64 --runs 5
+step case_64_fused 120 "$bin" bench case "${m[@]}" --prompt-tokens 128 --gen-tokens 64 --sequences 64
+step case_64_reference 120 "$bin" bench case "${m[@]}" --prompt-tokens 128 --gen-tokens 64 \
+    --sequences 64 --reference-ops
+step perplexity 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}"
+step perplexity_contiguous 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}" --contiguous-kv
+step perplexity_fp32 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}" --dequantize
+step perplexity_reference 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}" --reference-ops
+step bench_kv 90 "$bin" bench kv "${m[@]}" --text "$ref/ppl_text.txt" --steps 32
+step bench_load 120 "$bin" bench load "${m[@]}" --text "$ref/ppl_text.txt" --requests 64
 # The before/after table at GPU sizes (128 chats on CUDA by default; no llama.cpp peer
 # here: the machine has no npm); the plots go to $out/bench.
-"$bin" bench table --backend cuda --model "$model" --output-tokens 32 96 --timeout-s 30 \
+step bench_table 180 "$bin" bench table "${m[@]}" --output-tokens 32 96 --timeout-s 30 \
     --sweep 0.4 1.0 --plots "$out/bench"
+echo "== steps ($((SECONDS - started)) s in all)"
+cat "$out/steps.txt"

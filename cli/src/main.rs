@@ -60,6 +60,8 @@ fn ensure_runtime_dir() {
 fn main() {
     ensure_runtime_dir();
     let cli = Cli::parse();
+    // Before any backend starts: CUDA's compiled kernels are kept for later runs.
+    fornax::kernel_cache::keep_compiled_kernels(&fornax::model_store::home().join("kernels"));
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
