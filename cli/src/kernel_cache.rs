@@ -83,7 +83,7 @@ pub fn remove_unused_builds(root: &Path, current: &Path, now: SystemTime) {
             .metadata()
             .and_then(|m| m.modified())
             .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > KEEP_UNUSED);
-        if is_build && unused && path != current && entry.path().is_dir() {
+        if is_build && unused && path != current && path.is_dir() {
             let _ = std::fs::remove_dir_all(path);
         }
     }
