@@ -113,10 +113,13 @@ for line in sys.stdin:
 }
 phase "build the tests" build_tests
 
-# Lints check-build everything again (with the CUDA backend, in their own target folder),
-# so they run beside the tests. cudarc cannot ask nvcc for the version here: pin CUDA 12.8.
+# Lints check-build everything again (with the CUDA backend), beside the tests. They share
+# the release build's folder, which already holds the build scripts and procedural macros
+# they need (a separate folder compiled them again: about 100 CPU-s); cargo's lock on the
+# folder holds back a later cargo command until they finish. cudarc cannot ask nvcc for
+# the version here: pin CUDA 12.8.
 lint() {
-    CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-12080}" CARGO_TARGET_DIR=target/clippy \
+    CUDARC_CUDA_VERSION="${CUDARC_CUDA_VERSION:-12080}" \
         cargo clippy --release --workspace --all-targets --features fornax/cuda -- -D warnings
 }
 background clippy lint
