@@ -1,19 +1,19 @@
 //! Runs backend-generic work on the backend a user chose.
 
-use burn::backend::wgpu::{graphics::Vulkan, init_setup, RuntimeOptions, WgpuDevice};
+use burn_wgpu::{graphics::Vulkan, init_setup, RuntimeOptions, WgpuDevice};
 use fornax_engine::EngineBackend;
 
 use crate::{probe_wgpu, BackendError, BackendKind};
 
 /// The wgpu backend in f32.
-pub type WgpuBackend = burn::backend::Wgpu<f32, i32>;
+pub type WgpuBackend = burn_wgpu::Wgpu<f32, i32>;
 /// The CPU backend in f32, with 32-bit integers: the KV pool's FP16 and INT8 tiers store
 /// 32-bit words, which burn's default 64-bit integers would take twice the bytes for (the
 /// pool took 1.5 times its `--kv-memory`).
-pub type CpuBackend = burn::backend::NdArray<f32, i32>;
+pub type CpuBackend = burn_ndarray::NdArray<f32, i32>;
 /// The CUDA backend in f32.
 #[cfg(feature = "cuda")]
-pub type CudaBackend = burn::backend::Cuda<f32, i32>;
+pub type CudaBackend = burn_cuda::Cuda<f32, i32>;
 
 /// What a task is told about the device it runs on.
 #[derive(Debug, Clone)]
@@ -100,7 +100,7 @@ pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, B
             if !crate::probe::cuda_driver_present() {
                 return Err(BackendError::NoCudaDriver);
             }
-            let device = burn::backend::cuda::CudaDevice::new(0);
+            let device = burn_cuda::CudaDevice::new(0);
             let adapter = "CUDA device 0".to_string();
             Ok(task.run::<CudaBackend>(device, DeviceInfo { kind, adapter }))
         }

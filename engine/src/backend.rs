@@ -1,8 +1,8 @@
 //! What the engine needs from a burn backend beyond burn's own operations.
 
-use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
-use burn::tensor::backend::Backend;
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
+use burn_tensor::backend::Backend;
 
 use crate::kv::PagedAttentionOps;
 use crate::model::{FusedOps, LayerOps};
@@ -30,9 +30,9 @@ pub trait DeviceMemoryInfo: Backend {
 
 impl<E, I, Q> DeviceMemoryInfo for NdArray<E, I, Q>
 where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
+    E: burn_ndarray::FloatNdArrayElement,
+    I: burn_ndarray::IntNdArrayElement,
+    Q: burn_ndarray::QuantElement,
     NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
 {
 }

@@ -15,7 +15,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use burn::tensor::{backend::Backend, BasicOps, Tensor, TensorData};
+use burn_tensor::{backend::Backend, BasicOps, Tensor, TensorData};
 use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Event, Metadata, Subscriber};

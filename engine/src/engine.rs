@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn_tensor::{Int, Tensor, TensorData};
 
 use crate::kv::{BlockValues, KvStats, PagedKv, BLOCK_TOKENS};
 use crate::model::{LlamaModel, Logits, ModelError, SeqTokens};

@@ -2,7 +2,7 @@
 
 use crate::device_counts::{read_back, read_back_async};
 use crate::EngineBackend;
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn_tensor::{backend::Backend, Tensor, TensorData};
 
 use crate::model::{LlamaModel, Logits, ModelError};
 use crate::sampling::{pick_rows, pick_rows_async, Sampler, SamplingParams};

@@ -1,7 +1,7 @@
 //! The CPU backend's tensors as plain FP32 values, for the kernels of `fornax-cpu`.
 
-use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
+use burn_tensor::{Tensor, TensorPrimitive};
 
 /// `x`'s values in row-major order, copied as one block of memory when `x` is shared
 /// (burn's `into_data` walks a shared array element by element, which cost 13% of a
@@ -9,9 +9,9 @@ use burn::tensor::{Tensor, TensorPrimitive};
 /// backend is not FP32: callers check first.
 pub(crate) fn host_f32<E, I, Q, const D: usize>(x: Tensor<NdArray<E, I, Q>, D>) -> Vec<f32>
 where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
+    E: burn_ndarray::FloatNdArrayElement,
+    I: burn_ndarray::IntNdArrayElement,
+    Q: burn_ndarray::QuantElement,
     NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
 {
     let primitive = x.into_primitive().tensor();

@@ -1,7 +1,7 @@
 //! Scoring text: the log-probability the model gives each next token (for perplexity).
 
 use crate::EngineBackend;
-use burn::tensor::{activation::log_softmax, Int, Tensor, TensorData};
+use burn_tensor::{activation::log_softmax, Int, Tensor, TensorData};
 
 use crate::model::{LlamaModel, Logits, ModelError};
 use crate::seq_cache::SeqCache;

@@ -2,7 +2,7 @@
 //! contiguous cache of the foundation and over a sequence of the paged pool.
 
 use crate::EngineBackend;
-use burn::tensor::{backend::Backend, Tensor};
+use burn_tensor::{backend::Backend, Tensor};
 
 use crate::kv::{PagedKv, SeqId};
 use crate::model::{KvCache, LlamaModel, Logits, ModelError, SeqTokens};

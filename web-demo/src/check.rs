@@ -3,7 +3,7 @@
 //! implementations differ (subgroups, limits), so this tells whether this one computes
 //! what lavapipe and CUDA compute.
 
-use burn::tensor::{activation::softmax, Int, Tensor, TensorData};
+use burn_tensor::{activation::softmax, Int, Tensor, TensorData};
 use fornax_engine::gguf::GgmlType;
 use fornax_engine::quant::{PackedMatrix, QuantMatrix, QuantOps};
 use rand::{rngs::StdRng, Rng, SeedableRng};

@@ -2,10 +2,10 @@
 
 use std::cell::RefCell;
 
-use burn::backend::wgpu::{graphics::WebGpu, init_setup_async, RuntimeOptions, WgpuDevice};
+use burn_wgpu::{graphics::WebGpu, init_setup_async, RuntimeOptions, WgpuDevice};
 
 /// burn's wgpu backend in FP32 with 32-bit integers: what our kernels read.
-pub type WebBackend = burn::backend::Wgpu<f32, i32>;
+pub type WebBackend = burn_wgpu::Wgpu<f32, i32>;
 
 /// The adapter WebGPU gave us and the limits burn requested from it (all it allows).
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! A ragged batch as the attention kernels see it: rows of many sequences, their block
 //! tables, and where each new token's keys and values are written.
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 use fornax_shaders::launch::DecodeKernel;
 
 use super::{store::ids, BLOCK_TOKENS, TIER_SHIFT};

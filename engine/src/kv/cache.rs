@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use burn::tensor::backend::Backend;
+use burn_tensor::backend::Backend;
 
 use super::{
     BatchSeq, BlockPool, BlockValues, KvCapacity, KvDims, KvError, KvStats, KvStore, Move,

@@ -2,9 +2,9 @@
 //! (wgpu, CUDA), the blocks read in place on the CPU backend (`fornax_cpu::attention`),
 //! the burn reference path elsewhere.
 
-use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
-use burn::tensor::{backend::Backend, ops::FloatElem, Tensor, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
+use burn_tensor::{backend::Backend, ops::FloatElem, Tensor, TensorPrimitive};
 use fornax_shaders::launch::{self, ArenaTensors, KvArenas};
 use fornax_shaders::paged_attention::HEAD_DIM_MULTIPLE;
 
@@ -74,7 +74,7 @@ impl Held {
         a: &TierArena<B>,
     ) -> Self {
         let float = |t: &Tensor<B, 2>| t.clone().into_primitive().tensor();
-        let int = |t: &Tensor<B, 2, burn::tensor::Int>| t.clone().into_primitive();
+        let int = |t: &Tensor<B, 2, burn_tensor::Int>| t.clone().into_primitive();
         Self {
             f32_rows: float(a.f32_rows.get()),
             f16_rows: int(a.f16_rows.get()),
@@ -112,9 +112,9 @@ impl Held {
 
 impl<E, I, Q> PagedAttentionOps for NdArray<E, I, Q>
 where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
+    E: burn_ndarray::FloatNdArrayElement,
+    I: burn_ndarray::IntNdArrayElement,
+    Q: burn_ndarray::QuantElement,
     NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
 {
     /// The blocks read where they lie (no gather), threads over (sequence, KV head); the
@@ -125,7 +125,7 @@ where
         batch: &PagedBatch<Self>,
         shape: AttentionShape,
     ) -> Tensor<Self, 2> {
-        if !batch.kernels || FloatElem::<Self>::dtype() != burn::tensor::DType::F32 {
+        if !batch.kernels || FloatElem::<Self>::dtype() != burn_tensor::DType::F32 {
             return reference::paged_attention(q, kv, batch, shape);
         }
         let (keys, values) = (Held::new(&kv.keys), Held::new(&kv.values));
@@ -151,7 +151,7 @@ where
             head_dim: shape.head_dim,
         };
         let out = fornax_cpu::attention::paged_attention(&q, &k, &v, &seqs, attention);
-        Tensor::from_data(burn::tensor::TensorData::new(out, dims), &device)
+        Tensor::from_data(burn_tensor::TensorData::new(out, dims), &device)
     }
 
     /// The same arithmetic as the paged attention above, so that the contiguous cache
@@ -166,7 +166,7 @@ where
         let device = q.device();
         let [tokens, width] = q.dims();
         let [n_kv_heads, _, head_dim] = k.dims();
-        if FloatElem::<Self>::dtype() != burn::tensor::DType::F32 {
+        if FloatElem::<Self>::dtype() != burn_tensor::DType::F32 {
             return reference_contiguous(q, k, v, start, n_heads);
         }
         let host = |t: Tensor<Self, 3>| crate::host_values::host_f32(t);
@@ -177,7 +177,7 @@ where
         };
         let q = crate::host_values::host_f32(q);
         let out = fornax_cpu::attention::contiguous_attention(&q, &host(k), &host(v), start, dims);
-        Tensor::from_data(burn::tensor::TensorData::new(out, [tokens, width]), &device)
+        Tensor::from_data(burn_tensor::TensorData::new(out, [tokens, width]), &device)
     }
 }
 
@@ -197,7 +197,7 @@ where
         // The kernels are written for FP32 activations, 32-bit table words and head
         // dimensions that are a multiple of their loop step.
         if !batch.kernels
-            || FloatElem::<Self>::dtype() != burn::tensor::DType::F32
+            || FloatElem::<Self>::dtype() != burn_tensor::DType::F32
             || !shape.head_dim.is_multiple_of(HEAD_DIM_MULTIPLE)
         {
             return reference::paged_attention(q, kv, batch, shape);
@@ -227,7 +227,7 @@ where
         };
         let tables = batch.tables.clone().into_primitive();
         let out = if batch.decode_only {
-            let int = |t: &Tensor<Self, 1, burn::tensor::Int>| t.clone().into_primitive();
+            let int = |t: &Tensor<Self, 1, burn_tensor::Int>| t.clone().into_primitive();
             launch::decode(
                 q,
                 kv,

@@ -2,7 +2,7 @@
 //! and values, decodes the tiers with tensor ops and attends as the contiguous cache does.
 //! It is the reference the kernels are tested against and the path of other backends.
 
-use burn::tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
 
 use super::store::{block_rows, ids};
 use super::{

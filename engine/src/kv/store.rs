@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use burn::tensor::{backend::Backend, IndexingUpdateOp, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use super::{pack, BlockValues, KvCapacity, KvDims, Move, Tier, BLOCK_TOKENS};
 

@@ -2,7 +2,7 @@
 //! cache of one sequence or the paged cache of a ragged batch.
 
 use crate::EngineBackend;
-use burn::tensor::{activation::softmax, backend::Backend, Tensor, TensorData};
+use burn_tensor::{activation::softmax, backend::Backend, Tensor, TensorData};
 
 use super::{Joint, KvCache, Linear, Rope};
 use crate::kv::{AttentionShape, PagedBatch, PagedKv};

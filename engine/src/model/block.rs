@@ -1,7 +1,7 @@
 //! One pre-norm transformer block: attention and SwiGLU, each with a residual.
 
 use crate::EngineBackend;
-use burn::tensor::{backend::Backend, Tensor};
+use burn_tensor::{backend::Backend, Tensor};
 
 use super::{Attention, KvCache, Mlp, QkvTarget, RmsNorm, Rope, Rows};
 use crate::kv::{PagedBatch, PagedKv};

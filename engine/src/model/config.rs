@@ -1,12 +1,10 @@
 //! Llama hyper-parameters, read from GGUF metadata.
 
-use burn::config::Config;
-
 use super::ModelError;
 use crate::gguf::GgufFile;
 
 /// Hyper-parameters of a Llama-family transformer.
-#[derive(Config, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
     /// Vocabulary size.
     pub vocab_size: usize,
@@ -22,18 +20,40 @@ pub struct LlamaConfig {
     pub d_ff: usize,
     /// Maximum context length in tokens.
     pub max_seq_len: usize,
-    /// RoPE frequency base.
-    #[config(default = 10000.0)]
+    /// RoPE frequency base (10,000 in `new` and when the file names none).
     pub rope_theta: f64,
-    /// Epsilon of the RMS norms.
-    #[config(default = 1e-5)]
+    /// Epsilon of the RMS norms (1e-5 in `new`).
     pub rms_eps: f64,
-    /// Whether the output layer reuses the token embedding.
-    #[config(default = true)]
+    /// Whether the output layer reuses the token embedding (true in `new`).
     pub tied_embeddings: bool,
 }
 
 impl LlamaConfig {
+    /// The sizes, in field order, with Llama's defaults for the rest: RoPE base 10,000,
+    /// norm epsilon 1e-5, tied embeddings.
+    pub fn new(
+        vocab_size: usize,
+        d_model: usize,
+        n_layers: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        d_ff: usize,
+        max_seq_len: usize,
+    ) -> Self {
+        Self {
+            vocab_size,
+            d_model,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            d_ff,
+            max_seq_len,
+            rope_theta: 10000.0,
+            rms_eps: 1e-5,
+            tied_embeddings: true,
+        }
+    }
+
     /// Size of one attention head.
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads

@@ -5,10 +5,10 @@
 //! gate-up product with SwiGLU, the down product with the residual add
 //! (`fornax_shaders::epilogue`). The defaults are the same work as separate operations.
 
-use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
-use burn::tensor::{backend::Backend, Tensor, TensorPrimitive};
 use burn_cubecl::{tensor::CubeTensor, BoolElement, CubeBackend, CubeRuntime};
 use burn_cubecl::{FloatElement, IntElement};
+use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
+use burn_tensor::{backend::Backend, Tensor, TensorPrimitive};
 use fornax_shaders::quant_launch::{self, Epilogue, RopeKv};
 
 use super::joint::split;
@@ -80,9 +80,9 @@ pub trait FusedOps: QuantOps + LayerOps {
 
 impl<E, I, Q> FusedOps for NdArray<E, I, Q>
 where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
+    E: burn_ndarray::FloatNdArrayElement,
+    I: burn_ndarray::IntNdArrayElement,
+    Q: burn_ndarray::QuantElement,
     NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
 {
 }

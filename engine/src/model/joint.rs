@@ -1,7 +1,7 @@
 //! Projections of one input (Q, K and V; gate and up) held as one matrix where their
 //! weights allow, so that one product, and the epilogue of a fused kernel, covers them all.
 
-use burn::tensor::{backend::Backend, Tensor};
+use burn_tensor::{backend::Backend, Tensor};
 
 use super::Linear;
 use crate::quant::{QuantMatrix, QuantOps};

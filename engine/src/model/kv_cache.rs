@@ -1,6 +1,6 @@
 //! Contiguous per-layer key/value cache, so decoding never recomputes past tokens.
 
-use burn::tensor::{backend::Backend, Tensor};
+use burn_tensor::{backend::Backend, Tensor};
 
 /// Keys and values of one sequence for every layer, each `[kv_heads, tokens, head_dim]`.
 #[derive(Debug, Clone)]

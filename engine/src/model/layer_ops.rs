@@ -3,10 +3,10 @@
 //! pass on the CPU backend (`fornax_cpu::layer_ops`); RMSNorm and SwiGLU's gate one kernel
 //! each on CubeCL backends (`fornax_shaders::layer_ops`).
 
-use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
-use burn::tensor::{activation::silu, backend::Backend, ops::FloatElem, DType, Int, Tensor};
-use burn::tensor::{Element, Shape, TensorData, TensorPrimitive};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
+use burn_tensor::{activation::silu, backend::Backend, ops::FloatElem, DType, Int, Tensor};
+use burn_tensor::{Element, Shape, TensorData, TensorPrimitive};
 use fornax_cpu::layer_ops;
 use fornax_shaders::layer_launch;
 
@@ -85,9 +85,9 @@ fn f32_backend<B: Backend>() -> bool {
 /// `x`'s values on the host, with its shape.
 fn host<E, I, Q, const D: usize>(x: Tensor<NdArray<E, I, Q>, D>) -> (Vec<f32>, Shape)
 where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
+    E: burn_ndarray::FloatNdArrayElement,
+    I: burn_ndarray::IntNdArrayElement,
+    Q: burn_ndarray::QuantElement,
     NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
 {
     let shape = x.shape();
@@ -104,9 +104,9 @@ fn tensor<B: Backend, const D: usize>(
 
 impl<E, I, Q> LayerOps for NdArray<E, I, Q>
 where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
+    E: burn_ndarray::FloatNdArrayElement,
+    I: burn_ndarray::IntNdArrayElement,
+    Q: burn_ndarray::QuantElement,
     NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
 {
     fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {

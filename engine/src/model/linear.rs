@@ -1,6 +1,6 @@
 //! A bias-free linear layer whose weight is FP32 or block-quantized.
 
-use burn::tensor::{backend::Backend, Int, Tensor};
+use burn_tensor::{backend::Backend, Int, Tensor};
 
 use crate::quant::{QuantMatrix, QuantOps};
 

@@ -1,7 +1,7 @@
 //! The Llama transformer: embedding, blocks, final norm and (tied) output layer.
 
 use crate::EngineBackend;
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{Block, KvCache, Linear, LlamaConfig, ModelError, RmsNorm, Rope};
 use crate::kv::{KvCapacity, KvDims, PagedKv, SeqId, TierPolicy};

@@ -1,7 +1,7 @@
 //! Builds a [`LlamaModel`] from GGUF tensors: quantized matrices stay quantized on
 //! backends with the kernels for them, everything else is dequantized to FP32 on the host.
 
-use burn::tensor::{backend::Backend, Tensor, TensorData};
+use burn_tensor::{backend::Backend, Tensor, TensorData};
 
 use super::{
     Attention, Block, FusedOps, Joint, Linear, Llama, LlamaConfig, LlamaModel, Mlp, ModelError,

@@ -1,7 +1,7 @@
 //! SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
 
 use crate::EngineBackend;
-use burn::tensor::{backend::Backend, Tensor};
+use burn_tensor::{backend::Backend, Tensor};
 
 use super::{Joint, Linear};
 

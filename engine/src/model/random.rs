@@ -1,7 +1,7 @@
 //! A small model with random weights, for unit tests of the layers (never for claims
 //! about the real model).
 
-use burn::tensor::{backend::Backend, Distribution, Tensor};
+use burn_tensor::{backend::Backend, Distribution, Tensor};
 
 use super::{Attention, Block, Joint, Linear, Llama, LlamaConfig, LlamaModel, Mlp, RmsNorm, Rope};
 

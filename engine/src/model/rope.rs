@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 /// Precomputed cos/sin tables for every position of the context, on the device and (for
 /// the CPU backend's in-place RoPE) on the host.

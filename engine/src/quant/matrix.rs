@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use super::{PackedMatrix, QuantOps};
 use crate::gguf::GgmlType;

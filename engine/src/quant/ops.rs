@@ -2,10 +2,10 @@
 //! CubeCL backends (wgpu, CUDA), our SIMD kernels on the CPU backend (burn-ndarray),
 //! dequantize-then-matmul elsewhere.
 
-use burn::backend::ndarray::{NdArray, NdArrayTensor, SharedArray};
-use burn::tensor::TensorPrimitive;
-use burn::tensor::{backend::Backend, ops::FloatElem, DType, Int, Tensor, TensorData};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
+use burn_tensor::TensorPrimitive;
+use burn_tensor::{backend::Backend, ops::FloatElem, DType, Int, Tensor, TensorData};
 use fornax_shaders::quant_launch::{self, QuantTensors};
 
 use super::QuantMatrix;
@@ -87,9 +87,9 @@ pub(crate) fn by_dequantized_rows<B: QuantOps>(
 
 impl<E, I, Q> QuantOps for NdArray<E, I, Q>
 where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
+    E: burn_ndarray::FloatNdArrayElement,
+    I: burn_ndarray::IntNdArrayElement,
+    Q: burn_ndarray::QuantElement,
     NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
 {
     fn has_quant_kernels() -> bool {

@@ -6,8 +6,8 @@
 //! the request's seeded generator. A row whose token lies beyond the kernel's window, and
 //! every row on other backends, is read back and sampled on the host with the same draw.
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
+use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 use fornax_shaders::sampling::{FALLBACK, PARAMS, WINDOW};
 
 use super::{Draw, Sampler};
@@ -58,18 +58,18 @@ pub trait SamplingOps: Backend {
     }
 }
 
-impl<E, I, Q> SamplingOps for burn::backend::NdArray<E, I, Q>
+impl<E, I, Q> SamplingOps for burn_ndarray::NdArray<E, I, Q>
 where
-    E: burn::backend::ndarray::FloatNdArrayElement,
-    I: burn::backend::ndarray::IntNdArrayElement,
-    Q: burn::backend::ndarray::QuantElement,
-    burn::backend::ndarray::NdArrayTensor:
-        From<burn::backend::ndarray::SharedArray<E>> + From<burn::backend::ndarray::SharedArray<I>>,
+    E: burn_ndarray::FloatNdArrayElement,
+    I: burn_ndarray::IntNdArrayElement,
+    Q: burn_ndarray::QuantElement,
+    burn_ndarray::NdArrayTensor:
+        From<burn_ndarray::SharedArray<E>> + From<burn_ndarray::SharedArray<I>>,
 {
     /// The host's vectorised argmax over the logits where they lie (burn-ndarray's
     /// reduction and the row copies around it took 50 us a row).
     fn argmax_ids(logits: Tensor<Self, 2>) -> Vec<u32> {
-        if burn::tensor::ops::FloatElem::<Self>::dtype() != burn::tensor::DType::F32 {
+        if burn_tensor::ops::FloatElem::<Self>::dtype() != burn_tensor::DType::F32 {
             return device_argmax_ids(logits);
         }
         let [_, vocab] = logits.dims();
@@ -89,7 +89,7 @@ where
 {
     fn sample_rows(logits: Tensor<Self, 2>, draws: &[Draw]) -> Option<Tensor<Self, 1, Int>> {
         // The kernel reads FP32 logits and writes 32-bit ids.
-        let fits = F::dtype() == burn::tensor::DType::F32 && I::dtype().size() == 4;
+        let fits = F::dtype() == burn_tensor::DType::F32 && I::dtype().size() == 4;
         if !fits || draws.iter().any(|d| d.top_k > WINDOW) {
             return None;
         }

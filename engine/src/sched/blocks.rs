@@ -1,6 +1,6 @@
 //! What the scheduler needs from the KV cache: block counts, sequences to add and free.
 
-use burn::tensor::backend::Backend;
+use burn_tensor::backend::Backend;
 
 use crate::kv::{BlockPool, PagedKv, SeqId, Tier, BLOCK_TOKENS};
 

@@ -1,7 +1,7 @@
 //! Dispatches and host-device synchronisations per decode step, counted exactly
 //! (`fornax_engine::device_counts`), and greedy tokens chosen on the device.
 
-use burn::tensor::{Tensor, TensorData};
+use burn_tensor::{Tensor, TensorData};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::device_counts::{counted, DeviceCounts};
 use fornax_engine::gguf::GgufFile;

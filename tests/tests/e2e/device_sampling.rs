@@ -3,7 +3,7 @@
 //! rows whose token always lies in the device's window and a flat row whose token mostly
 //! does not (then the host picks it from the logits with the same draw).
 
-use burn::tensor::{Tensor, TensorData};
+use burn_tensor::{Tensor, TensorData};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::device_counts::counted;
 use fornax_engine::sampling::{pick_rows, Sampler, SamplingParams};

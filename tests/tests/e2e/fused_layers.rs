@@ -6,7 +6,7 @@
 //! The product inside both is the same kernel with the same sums, so the epilogues are held
 //! to FP32 rounding: `1e-5` relative. The model is held to `1e-3` on every logit.
 
-use burn::tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
+use burn_tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
 use fornax_backends::{wgpu_device, BackendKind, BackendTask, DeviceInfo, WgpuBackend};
 use fornax_engine::gguf::{GgmlType, GgufFile};
 use fornax_engine::kv::{KvCapacity, TierPolicy};
@@ -21,7 +21,7 @@ use crate::common::{model_file, read_reference, run_on, Prompts};
 use crate::quant_kernels::{case, host, Case};
 
 type B = WgpuBackend;
-type R = burn::backend::wgpu::WgpuRuntime;
+type R = burn_wgpu::WgpuRuntime;
 type CubeTensor = burn_cubecl::tensor::CubeTensor<R>;
 
 fn float(t: Tensor<B, 2>) -> CubeTensor {
@@ -110,7 +110,7 @@ fn residual_and_swiglu_epilogues_match_separate_operations() {
         ));
         let pairs = both.reshape([tokens, 45, 2]);
         let part = |p| pairs.clone().narrow(2, p, 1).reshape([tokens, 45]);
-        let want_swiglu = host(burn::tensor::activation::silu(part(0)) * part(1));
+        let want_swiglu = host(burn_tensor::activation::silu(part(0)) * part(1));
         for route in routes(tokens) {
             let got = host(through(
                 route,

@@ -10,7 +10,7 @@
 //! max/127 give up to 6e-2.
 
 use crate::common::run_on;
-use burn::tensor::{Distribution, Tensor};
+use burn_tensor::{Distribution, Tensor};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::kv::{
     reference, AttentionShape, KvCapacity, KvDims, PagedBatch, PagedKv, SeqId, Tier, TierPolicy,

@@ -4,7 +4,7 @@
 //! real model covers the fused layer kernels, whose activations and scratch buffers come
 //! back to the allocator's pool step after step.
 
-use burn::tensor::Tensor;
+use burn_tensor::Tensor;
 use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, KvDims, PagedKv, Tier, TierPolicy};

@@ -1,8 +1,8 @@
 //! The fused layer kernels (CubeCL, on wgpu: lavapipe here) against burn's operations (the
 //! reference path) on random data of odd sizes, and their dispatch counts: one launch each.
 
-use burn::tensor::activation::silu;
-use burn::tensor::{Distribution, Tensor};
+use burn_tensor::activation::silu;
+use burn_tensor::{Distribution, Tensor};
 use fornax_backends::{wgpu_device, WgpuBackend};
 use fornax_engine::device_counts::counted;
 use fornax_engine::model::{reference_rms_norm, LayerOps};

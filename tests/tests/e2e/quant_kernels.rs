@@ -8,9 +8,9 @@
 //! fused multiply-adds, so the tolerance is relative to the size of the terms summed:
 //! `|kernel - reference| <= 1e-5 * sum_c |x_c w_c|` (about 1e-6 is seen).
 
-use burn::backend::wgpu::WgpuRuntime;
-use burn::tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
 use burn_cubecl::cubecl::Runtime;
+use burn_tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
+use burn_wgpu::WgpuRuntime;
 use fornax_backends::{wgpu_device, CpuBackend as Cpu, WgpuBackend};
 use fornax_engine::gguf::GgmlType;
 use fornax_engine::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};

@@ -2,7 +2,7 @@
 //! cache against the contiguous one, RMSNorm, RoPE and the in-place layer operations
 //! against burn's, and bad input.
 
-use burn::tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
+use burn_tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
 use fornax_backends::CpuBackend as B;
 use fornax_engine::logits_to_vec;
 use fornax_engine::model::{

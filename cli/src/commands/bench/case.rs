@@ -39,10 +39,7 @@ struct Case<'a> {
 }
 
 /// Greedy next tokens from `[rows, vocab]` logits.
-fn next_tokens<B: EngineBackend>(
-    logits: burn::tensor::Tensor<B, 2>,
-    vocab: usize,
-) -> Vec<[u32; 1]> {
+fn next_tokens<B: EngineBackend>(logits: burn_tensor::Tensor<B, 2>, vocab: usize) -> Vec<[u32; 1]> {
     logits_to_vec(logits)
         .chunks(vocab)
         .map(|l| [argmax(l)])
