@@ -3,6 +3,9 @@
 use super::ModelError;
 use crate::gguf::GgufFile;
 
+/// RoPE's frequency base where a file names none (Llama's).
+const DEFAULT_ROPE_THETA: f64 = 10000.0;
+
 /// Hyper-parameters of a Llama-family transformer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
@@ -48,7 +51,7 @@ impl LlamaConfig {
             n_kv_heads,
             d_ff,
             max_seq_len,
-            rope_theta: 10000.0,
+            rope_theta: DEFAULT_ROPE_THETA,
             rms_eps: 1e-5,
             tied_embeddings: true,
         }
@@ -97,7 +100,7 @@ impl LlamaConfig {
             rope_theta: file
                 .get(&key("rope.freq_base"))
                 .and_then(|v| v.as_f64())
-                .unwrap_or(10000.0),
+                .unwrap_or(DEFAULT_ROPE_THETA),
             rms_eps: file.f64(&key("attention.layer_norm_rms_epsilon"))?,
             tied_embeddings: file.tensor("output.weight").is_err(),
         };
