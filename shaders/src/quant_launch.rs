@@ -171,6 +171,9 @@ static SOFTWARE_ADAPTER: AtomicBool = AtomicBool::new(false);
 /// Set by [`declare_planes`].
 static DECLARED_PLANES: AtomicUsize = AtomicUsize::new(0);
 
+/// Set by [`tile_many_tokens_everywhere`].
+static TILED_EVERYWHERE: AtomicBool = AtomicBool::new(false);
+
 /// Declares that this process's wgpu device runs plane (subgroup) operations on planes of
 /// exactly `width` lanes, where cubecl does not say so itself: it leaves its plane feature
 /// off on CPU adapters, yet lavapipe's subgroups (8 lanes) run them. On lavapipe the
@@ -208,13 +211,24 @@ pub const CPU_ROWS_TIMES_TOKENS: usize = 16;
 pub const SOFTWARE_ROWS_TIMES_TOKENS: usize = 4;
 
 /// Whether products over many tokens should go through the tiled kernel on this device.
-/// On devices with planes narrower than 32 lanes (lavapipe) it is not: there the tiled
-/// kernel measured about 2x slower than FP32 matmul over rows dequantized by
-/// [`rows`] (64 tokens x 1536 x 576 Q4_1: 147 ms against 76 ms). A declared software
-/// adapter ([`declare_software_adapter`]) keeps the tiled kernel: the other way has not been
-/// measured in the browser.
+/// On devices with planes narrower than 32 lanes (lavapipe) it is not, unless
+/// [`tile_many_tokens_everywhere`] says so: there the tiled kernel measured about 2x
+/// slower than FP32 matmul over rows dequantized by [`rows`] (64 tokens x 1536 x 576
+/// Q4_1: 147 ms against 76 ms). A declared software adapter ([`declare_software_adapter`])
+/// keeps the tiled kernel: the other way has not been measured in the browser.
 pub fn tiled_for_many_tokens<R: CubeRuntime>(client: &ComputeClient<R>) -> bool {
-    !MatvecDevice::of(client).narrow_planes()
+    TILED_EVERYWHERE.load(Ordering::Relaxed) || !MatvecDevice::of(client).narrow_planes()
+}
+
+/// Makes this process multiply more than [`MATVEC_MAX_TOKENS`] tokens with the tiled
+/// kernel on every device (`true`), its epilogue fused as on GPUs, so that a decode step
+/// of many sequences launches as few kernels as one of a single sequence; `false`
+/// restores each device's faster way ([`tiled_for_many_tokens`]). On lavapipe that costs
+/// speed: 16 sequences decoded at 3.6 and 3.4 tokens/s against 6.6 and 4.5 (`bench case
+/// --backend wgpu --sequences 16 --prompt-tokens 16 --gen-tokens 8`, with and without
+/// `--tiled-products`, alternated; 2-core AMD EPYC, 2026-12-03).
+pub fn tile_many_tokens_everywhere(on: bool) {
+    TILED_EVERYWHERE.store(on, Ordering::Relaxed);
 }
 
 /// Whether a product over `tokens` tokens should be FP32 matmuls over dequantized rows

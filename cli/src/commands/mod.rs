@@ -41,6 +41,12 @@ pub struct ModelArgs {
     /// kernels (CubeCL backends with quantized weights).
     #[arg(long)]
     pub reference_ops: bool,
+    /// Multiply more than 8 tokens at a time with the tiled quantized kernel, its epilogue
+    /// fused, on every device, as GPUs and the browser do: a decode step of many sequences
+    /// then launches at most 8 kernels per layer. On lavapipe the default, FP32 matmuls
+    /// over dequantized rows, is faster.
+    #[arg(long)]
+    pub tiled_products: bool,
     /// Threads of the CPU backend (default: the available parallelism).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub threads: Option<u32>,
@@ -59,6 +65,7 @@ impl ModelArgs {
     /// the available parallelism), this thread being one of the CPU backend's threads.
     pub fn run_on<T: BackendTask>(&self, task: T) -> Result<T::Output> {
         fornax_backends::set_cpu_threads(self.cpu_threads())?;
+        fornax_backends::tile_many_tokens_everywhere(self.tiled_products);
         Ok(fornax_backends::run_on(self.backend, task)?)
     }
 

@@ -10,14 +10,16 @@ use fornax_engine::model::{LlamaModel, LoadOptions, Logits, SeqTokens};
 use fornax_engine::sampling::{argmax, argmax_rows};
 use fornax_engine::EngineBackend;
 
-use crate::common::{model_file, run_on};
+use crate::common::{model_file, run_on, wgpu_alone};
 
 /// Two greedy decode steps of the real model for `batch` sequences after an 8-token
 /// prompt each, over the paged cache (as the engine and server run), each step counted:
-/// the layer count and the steps' counts.
+/// the layer count and the steps' counts. With `tiled_steps` the steps multiply their
+/// tokens with the tiled kernel on every device ([`TiledEverywhere`]).
 struct DecodeSteps {
     batch: usize,
     options: LoadOptions,
+    tiled_steps: bool,
 }
 
 const ONE: DecodeSteps = DecodeSteps {
@@ -26,6 +28,7 @@ const ONE: DecodeSteps = DecodeSteps {
         dequantize: false,
         reference_ops: false,
     },
+    tiled_steps: false,
 };
 
 impl BackendTask for DecodeSteps {
@@ -50,6 +53,7 @@ impl BackendTask for DecodeSteps {
             .forward_batch(&batch, &mut kv, Logits::Last)
             .expect("prefill");
         let mut next = argmax_rows(logits);
+        let _tiled = self.tiled_steps.then(TiledEverywhere::on);
         let steps = [(); 2].map(|_| {
             let (tokens, counts) = counted(|| {
                 let batch: Vec<_> = seqs
@@ -116,6 +120,7 @@ fn fused_decode_step_launches_at_most_eight_kernels_per_layer() {
             reference_ops: true,
             ..LoadOptions::default()
         },
+        ..ONE
     };
     let (_, [_, by_operation]) = run_on(BackendKind::Wgpu, reference).expect("a wgpu adapter");
     for batch in [1, 4] {
@@ -135,6 +140,47 @@ fn fused_decode_step_launches_at_most_eight_kernels_per_layer() {
             );
         }
     }
+}
+
+/// Keeps products over many tokens on the tiled kernel for as long as it lives (for the
+/// whole process: hold [`wgpu_alone`]).
+struct TiledEverywhere;
+
+impl TiledEverywhere {
+    fn on() -> Self {
+        fornax_backends::tile_many_tokens_everywhere(true);
+        Self
+    }
+}
+
+impl Drop for TiledEverywhere {
+    fn drop(&mut self) {
+        fornax_backends::tile_many_tokens_everywhere(false);
+    }
+}
+
+/// The way GPUs and the browser multiply more than 8 tokens (the tiled kernel, its
+/// epilogue fused) keeps a decode step of 16 sequences within the same budget of 8 launches
+/// per layer. Lavapipe by default multiplies so many rows as FP32 matmuls, with more
+/// launches, because that is faster there; the test asks for the tiled kernel in the
+/// decode steps (the prefill keeps lavapipe's way), alone on the device, since the choice
+/// holds for the whole process.
+#[test]
+fn tiled_decode_of_many_sequences_launches_at_most_eight_kernels_per_layer() {
+    let _alone = wgpu_alone();
+    let steps = DecodeSteps {
+        batch: 16,
+        tiled_steps: true,
+        ..ONE
+    };
+    let (layers, [_, step]) =
+        fornax_backends::run_on(BackendKind::Wgpu, steps).expect("a wgpu adapter");
+    assert!(
+        step.dispatches <= 8 * layers as u64,
+        "16 sequences: {} dispatches for {layers} layers",
+        step.dispatches
+    );
+    assert_eq!(step.syncs, 1, "one read-back per step");
 }
 
 /// The CPU backend launches no kernels and reads nothing back: the greedy token is
