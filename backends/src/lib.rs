@@ -7,7 +7,7 @@ mod probe;
 mod run;
 mod yield_to_device;
 
-/// Whether products over many tokens take the tiled kernel on every device (`--tiled-products`).
+/// Sends products over many tokens through the tiled kernel on every device (`--tiled-products`).
 pub use fornax_shaders::quant_launch::tile_many_tokens_everywhere;
 pub use kind::BackendKind;
 pub use probe::{probe_wgpu, AdapterSummary};
