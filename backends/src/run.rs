@@ -7,10 +7,7 @@ use crate::{probe_wgpu, BackendError, BackendKind};
 
 /// The wgpu backend in f32.
 pub type WgpuBackend = burn_wgpu::Wgpu<f32, i32>;
-/// The CPU backend in f32, with 32-bit integers: the KV pool's FP16 and INT8 tiers store
-/// 32-bit words, which burn's default 64-bit integers would take twice the bytes for (the
-/// pool took 1.5 times its `--kv-memory`).
-pub type CpuBackend = burn_ndarray::NdArray<f32, i32>;
+pub use fornax_engine::CpuBackend;
 /// The CUDA backend in f32.
 #[cfg(feature = "cuda")]
 pub type CudaBackend = burn_cuda::Cuda<f32, i32>;

@@ -1,13 +1,18 @@
 //! What the engine needs from a burn backend beyond burn's own operations.
 
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
 use burn_tensor::backend::Backend;
 
 use crate::kv::PagedAttentionOps;
 use crate::model::{FusedOps, LayerOps};
 use crate::quant::QuantOps;
 use crate::sampling::SamplingOps;
+
+/// The CPU backend: burn-ndarray in FP32 with 32-bit integers, the one instantiation the
+/// CPU kernels (`fornax-cpu`) serve. 32-bit integers because the KV pool's FP16 and INT8
+/// tiers store 32-bit words, which burn's default 64-bit integers would take twice the
+/// bytes for (the pool took 1.5 times its `--kv-memory`).
+pub type CpuBackend = burn_ndarray::NdArray<f32, i32>;
 
 /// Device memory held by the backend's allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,14 +33,7 @@ pub trait DeviceMemoryInfo: Backend {
     }
 }
 
-impl<E, I, Q> DeviceMemoryInfo for NdArray<E, I, Q>
-where
-    E: burn_ndarray::FloatNdArrayElement,
-    I: burn_ndarray::IntNdArrayElement,
-    Q: burn_ndarray::QuantElement,
-    NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
-{
-}
+impl DeviceMemoryInfo for CpuBackend {}
 
 impl<R, F, I, BT> DeviceMemoryInfo for CubeBackend<R, F, I, BT>
 where

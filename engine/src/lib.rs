@@ -2,7 +2,7 @@
 //! generation. Free of threads and file-system calls so it also builds for wasm32.
 
 mod backend;
-pub use backend::{DeviceMemory, DeviceMemoryInfo, EngineBackend};
+pub use backend::{CpuBackend, DeviceMemory, DeviceMemoryInfo, EngineBackend};
 pub mod device_counts;
 pub mod gguf;
 pub mod kv;

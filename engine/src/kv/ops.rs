@@ -3,7 +3,7 @@
 //! the burn reference path elsewhere.
 
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
+use burn_ndarray::NdArrayTensor;
 use burn_tensor::{backend::Backend, ops::FloatElem, Tensor, TensorPrimitive};
 use fornax_shaders::launch::{self, ArenaTensors, KvArenas};
 use fornax_shaders::paged_attention::HEAD_DIM_MULTIPLE;
@@ -70,11 +70,9 @@ struct Held {
 }
 
 impl Held {
-    fn new<B: Backend<FloatTensorPrimitive = NdArrayTensor, IntTensorPrimitive = NdArrayTensor>>(
-        a: &TierArena<B>,
-    ) -> Self {
-        let float = |t: &Tensor<B, 2>| t.clone().into_primitive().tensor();
-        let int = |t: &Tensor<B, 2, burn_tensor::Int>| t.clone().into_primitive();
+    fn new(a: &TierArena<crate::CpuBackend>) -> Self {
+        let float = |t: &Tensor<crate::CpuBackend, 2>| t.clone().into_primitive().tensor();
+        let int = |t: &Tensor<crate::CpuBackend, 2, burn_tensor::Int>| t.clone().into_primitive();
         Self {
             f32_rows: float(a.f32_rows.get()),
             f16_rows: int(a.f16_rows.get()),
@@ -110,22 +108,16 @@ impl Held {
     }
 }
 
-impl<E, I, Q> PagedAttentionOps for NdArray<E, I, Q>
-where
-    E: burn_ndarray::FloatNdArrayElement,
-    I: burn_ndarray::IntNdArrayElement,
-    Q: burn_ndarray::QuantElement,
-    NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
-{
+impl PagedAttentionOps for crate::CpuBackend {
     /// The blocks read where they lie (no gather), threads over (sequence, KV head); the
-    /// burn reference path when `batch.kernels` is off or the backend is not FP32.
+    /// burn reference path when `batch.kernels` is off.
     fn paged_attention(
         q: Tensor<Self, 2>,
         kv: &LayerKv<Self>,
         batch: &PagedBatch<Self>,
         shape: AttentionShape,
     ) -> Tensor<Self, 2> {
-        if !batch.kernels || FloatElem::<Self>::dtype() != burn_tensor::DType::F32 {
+        if !batch.kernels {
             return reference::paged_attention(q, kv, batch, shape);
         }
         let (keys, values) = (Held::new(&kv.keys), Held::new(&kv.values));
@@ -166,9 +158,6 @@ where
         let device = q.device();
         let [tokens, width] = q.dims();
         let [n_kv_heads, _, head_dim] = k.dims();
-        if FloatElem::<Self>::dtype() != burn_tensor::DType::F32 {
-            return reference_contiguous(q, k, v, start, n_heads);
-        }
         let host = |t: Tensor<Self, 3>| crate::host_values::host_f32(t);
         let dims = AttentionDims {
             n_heads,

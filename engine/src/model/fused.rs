@@ -7,7 +7,6 @@
 
 use burn_cubecl::{tensor::CubeTensor, BoolElement, CubeBackend, CubeRuntime};
 use burn_cubecl::{FloatElement, IntElement};
-use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
 use burn_tensor::{backend::Backend, Tensor, TensorPrimitive};
 use fornax_shaders::quant_launch::{self, Epilogue, RopeKv};
 
@@ -78,14 +77,7 @@ pub trait FusedOps: QuantOps + LayerOps {
     }
 }
 
-impl<E, I, Q> FusedOps for NdArray<E, I, Q>
-where
-    E: burn_ndarray::FloatNdArrayElement,
-    I: burn_ndarray::IntNdArrayElement,
-    Q: burn_ndarray::QuantElement,
-    NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
-{
-}
+impl FusedOps for crate::CpuBackend {}
 
 fn float<R, F, I, BT>(t: Tensor<CubeBackend<R, F, I, BT>, 2>) -> CubeTensor<R>
 where

@@ -4,7 +4,6 @@
 //! each on CubeCL backends (`fornax_shaders::layer_ops`).
 
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
 use burn_tensor::{activation::silu, backend::Backend, ops::FloatElem, DType, Int, Tensor};
 use burn_tensor::{Element, Shape, TensorData, TensorPrimitive};
 use fornax_cpu::layer_ops;
@@ -12,6 +11,7 @@ use fornax_shaders::layer_launch;
 
 use super::Rope;
 use crate::host_values::host_f32;
+use crate::CpuBackend;
 
 /// Backends with their own RMSNorm, SwiGLU gate and RoPE.
 pub trait LayerOps: Backend {
@@ -77,19 +77,13 @@ where
     }
 }
 
-/// Whether the CPU backend computes in FP32, which the in-place operations need.
+/// Whether a CubeCL backend computes in FP32, which the kernels need.
 fn f32_backend<B: Backend>() -> bool {
     FloatElem::<B>::dtype() == DType::F32
 }
 
 /// `x`'s values on the host, with its shape.
-fn host<E, I, Q, const D: usize>(x: Tensor<NdArray<E, I, Q>, D>) -> (Vec<f32>, Shape)
-where
-    E: burn_ndarray::FloatNdArrayElement,
-    I: burn_ndarray::IntNdArrayElement,
-    Q: burn_ndarray::QuantElement,
-    NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
-{
+fn host<const D: usize>(x: Tensor<CpuBackend, D>) -> (Vec<f32>, Shape) {
     let shape = x.shape();
     (host_f32(x), shape)
 }
@@ -102,17 +96,9 @@ fn tensor<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(v, shape), device)
 }
 
-impl<E, I, Q> LayerOps for NdArray<E, I, Q>
-where
-    E: burn_ndarray::FloatNdArrayElement,
-    I: burn_ndarray::IntNdArrayElement,
-    Q: burn_ndarray::QuantElement,
-    NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
-{
+/// On the CPU backend, in place in one pass (`fornax_cpu::layer_ops`).
+impl LayerOps for CpuBackend {
     fn rms_norm(x: Tensor<Self, 2>, weight: Tensor<Self, 1>, eps: f64) -> Tensor<Self, 2> {
-        if !f32_backend::<Self>() {
-            return reference_rms_norm(x, weight, eps);
-        }
         let device = x.device();
         let (mut v, shape) = host(x);
         layer_ops::rms_norm(&mut v, &host(weight).0, eps as f32);
@@ -120,9 +106,6 @@ where
     }
 
     fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
-        if !f32_backend::<Self>() {
-            return silu(gate).mul(up);
-        }
         let device = gate.device();
         let (mut g, shape) = host(gate);
         layer_ops::swiglu(&mut g, &host(up).0);
@@ -135,9 +118,6 @@ where
         positions: Tensor<Self, 1, Int>,
         rope: &Rope<Self>,
     ) -> Tensor<Self, 2> {
-        if !f32_backend::<Self>() {
-            return rope.apply_rows(x, heads, positions);
-        }
         let device = x.device();
         let (mut v, shape) = host(x);
         let at: Vec<usize> = positions

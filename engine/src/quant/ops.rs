@@ -3,7 +3,7 @@
 //! dequantize-then-matmul elsewhere.
 
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use burn_ndarray::{NdArray, NdArrayTensor, SharedArray};
+use burn_ndarray::NdArrayTensor;
 use burn_tensor::TensorPrimitive;
 use burn_tensor::{backend::Backend, ops::FloatElem, DType, Int, Tensor, TensorData};
 use fornax_shaders::quant_launch::{self, QuantTensors};
@@ -85,20 +85,14 @@ pub(crate) fn by_dequantized_rows<B: QuantOps>(
     Tensor::cat(parts, 1)
 }
 
-impl<E, I, Q> QuantOps for NdArray<E, I, Q>
-where
-    E: burn_ndarray::FloatNdArrayElement,
-    I: burn_ndarray::IntNdArrayElement,
-    Q: burn_ndarray::QuantElement,
-    NdArrayTensor: From<SharedArray<E>> + From<SharedArray<I>>,
-{
+/// On the CPU backend, `fornax_cpu`'s SIMD kernels over words kept in host memory.
+impl QuantOps for crate::CpuBackend {
     fn has_quant_kernels() -> bool {
-        // The kernels read and write FP32.
-        FloatElem::<Self>::dtype() == DType::F32
+        true
     }
 
     fn quant_on_host() -> bool {
-        Self::has_quant_kernels()
+        true
     }
 
     fn quant_matmul(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
@@ -108,7 +102,7 @@ where
     fn quant_matmul_many(x: Tensor<Self, 2>, ws: &[&QuantMatrix<Self>]) -> Vec<Tensor<Self, 2>> {
         let host: Option<Vec<&fornax_cpu::InterleavedWeights>> =
             ws.iter().map(|w| w.host()).collect();
-        let Some(host) = host.filter(|_| Self::has_quant_kernels()) else {
+        let Some(host) = host else {
             return ws.iter().map(|w| reference_matmul(x.clone(), w)).collect();
         };
         let device = x.device();
@@ -143,7 +137,7 @@ where
     }
 
     fn quant_rows(ids: Tensor<Self, 1, Int>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
-        let Some(host) = w.host().filter(|_| Self::has_quant_kernels()) else {
+        let Some(host) = w.host() else {
             return reference_rows(ids, w);
         };
         let device = ids.device();

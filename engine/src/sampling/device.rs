@@ -58,20 +58,10 @@ pub trait SamplingOps: Backend {
     }
 }
 
-impl<E, I, Q> SamplingOps for burn_ndarray::NdArray<E, I, Q>
-where
-    E: burn_ndarray::FloatNdArrayElement,
-    I: burn_ndarray::IntNdArrayElement,
-    Q: burn_ndarray::QuantElement,
-    burn_ndarray::NdArrayTensor:
-        From<burn_ndarray::SharedArray<E>> + From<burn_ndarray::SharedArray<I>>,
-{
+impl SamplingOps for crate::CpuBackend {
     /// The host's vectorised argmax over the logits where they lie (burn-ndarray's
     /// reduction and the row copies around it took 50 us a row).
     fn argmax_ids(logits: Tensor<Self, 2>) -> Vec<u32> {
-        if burn_tensor::ops::FloatElem::<Self>::dtype() != burn_tensor::DType::F32 {
-            return device_argmax_ids(logits);
-        }
         let [_, vocab] = logits.dims();
         crate::host_values::host_f32(logits)
             .chunks_exact(vocab.max(1))

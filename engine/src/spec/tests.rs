@@ -257,7 +257,7 @@ fn the_self_draft_costs_its_share_of_the_weights() {
         rms_eps: 1e-5,
         tied_embeddings: true,
     };
-    type B = burn_ndarray::NdArray<f32>;
+    type B = crate::CpuBackend;
     let cost = |layers| <SelfDraft as Proposer<B>>::draft_cost(&SelfDraft { layers }, &config);
     // A layer multiplies by 3.54 M weights, the output layer by 28.3 M (8 layers' worth).
     assert!((cost(8) - 16.0 / 38.0).abs() < 0.01, "{}", cost(8));
