@@ -11,6 +11,7 @@ use fornax_shaders::paged_attention::HEAD_DIM_MULTIPLE;
 use fornax_cpu::attention::{AttentionDims, SeqRows, TierRows, Words};
 
 use super::{reference, AttentionShape, LayerKv, PagedBatch, TierArena};
+use crate::CpuBackend;
 
 /// Backends that can attend over the paged KV cache.
 pub trait PagedAttentionOps: Backend {
@@ -70,9 +71,9 @@ struct Held {
 }
 
 impl Held {
-    fn new(a: &TierArena<crate::CpuBackend>) -> Self {
-        let float = |t: &Tensor<crate::CpuBackend, 2>| t.clone().into_primitive().tensor();
-        let int = |t: &Tensor<crate::CpuBackend, 2, burn_tensor::Int>| t.clone().into_primitive();
+    fn new(a: &TierArena<CpuBackend>) -> Self {
+        let float = |t: &Tensor<CpuBackend, 2>| t.clone().into_primitive().tensor();
+        let int = |t: &Tensor<CpuBackend, 2, burn_tensor::Int>| t.clone().into_primitive();
         Self {
             f32_rows: float(a.f32_rows.get()),
             f16_rows: int(a.f16_rows.get()),
@@ -108,7 +109,7 @@ impl Held {
     }
 }
 
-impl PagedAttentionOps for crate::CpuBackend {
+impl PagedAttentionOps for CpuBackend {
     /// The blocks read where they lie (no gather), threads over (sequence, KV head); the
     /// burn reference path when `batch.kernels` is off.
     fn paged_attention(
