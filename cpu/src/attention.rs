@@ -11,6 +11,8 @@
 use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 
+use crate::SimdLevel;
+
 /// Tokens per block.
 pub const BLOCK_TOKENS: usize = 32;
 /// Bit position of the tier in a block-table entry.
@@ -199,6 +201,20 @@ pub fn paged_attention(
     seqs: &[SeqRows<'_>],
     dims: AttentionDims,
 ) -> Vec<f32> {
+    paged_attention_at(SimdLevel::best(), q, keys, values, seqs, dims)
+}
+
+/// [`paged_attention`] with the products of `level` (AVX2's for both x86 levels; plain
+/// Rust for the others, or where `level` is not available): every level gives the same
+/// values up to summation order.
+pub fn paged_attention_at(
+    level: SimdLevel,
+    q: &[f32],
+    keys: &TierRows<'_>,
+    values: &TierRows<'_>,
+    seqs: &[SeqRows<'_>],
+    dims: AttentionDims,
+) -> Vec<f32> {
     let width = dims.n_heads * dims.head_dim;
     let rows: usize = seqs.iter().map(|s| s.rows).sum();
     assert_eq!(q.len(), rows * width, "q is [rows, n_heads * head_dim]");
@@ -224,7 +240,7 @@ pub fn paged_attention(
                     table: s.table,
                 },
             );
-            attend(q, &k, &v, s, g, r0, dims)
+            attend(level, q, &k, &v, s, g, r0, dims)
         })
         .collect();
     let placed = work
@@ -287,7 +303,7 @@ pub fn contiguous_attention(
         .collect();
     let parts: Vec<Vec<f32>> = work
         .par_iter()
-        .map(|&(g, r0)| attend(q, &k, &v, &seq, g, r0, dims))
+        .map(|&(g, r0)| attend(SimdLevel::best(), q, &k, &v, &seq, g, r0, dims))
         .collect();
     assemble(rows, dims, work.iter().map(|&(g, r0)| (r0, g)).zip(&parts))
 }
@@ -475,8 +491,10 @@ mod avx2 {
 }
 
 /// Rows `r0..` (at most [`ROW_CHUNK`]) of sequence `s`, the query heads of KV head `g`:
-/// `[rows, group * head_dim]`, with AVX2 where the CPU has it.
+/// `[rows, group * head_dim]`, with AVX2 at the x86 levels where the CPU has it.
+#[allow(clippy::too_many_arguments)]
 fn attend(
+    level: SimdLevel,
     q: &[f32],
     keys: &impl Rows,
     values: &impl Rows,
@@ -487,12 +505,14 @@ fn attend(
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     if dims.head_dim.is_multiple_of(8)
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
+        && matches!(level, SimdLevel::Avx2 | SimdLevel::Avx512Vnni)
+        && level.is_available()
     {
-        // SAFETY: the CPU has AVX2 and FMA.
+        // SAFETY: the CPU has AVX2 and FMA (both x86 levels include them).
         return unsafe { attend_avx2(q, keys, values, s, g, r0, dims) };
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = level;
     attend_with::<Portable>(q, keys, values, s, g, r0, dims)
 }
 

@@ -4,6 +4,8 @@
 
 mod batch;
 mod cache;
+#[cfg(test)]
+mod cpu_attention_tests;
 mod error;
 mod host_tier;
 mod layout;
