@@ -43,6 +43,11 @@ pub struct LlamaModel<B: Backend> {
 }
 
 impl<B: Backend> LlamaModel<B> {
+    /// Whether any matrix is kept quantized (else every weight is FP32: the reference path).
+    pub fn quantized(&self) -> bool {
+        self.matrices().any(|m| m.quant().is_some())
+    }
+
     /// Every matrix: the embedding (also the tied output layer), the output layer if
     /// separate, then each block's (seven, or four where Q, K, V and gate, up are joined).
     pub fn matrices(&self) -> impl Iterator<Item = &Linear<B>> {

@@ -11,6 +11,7 @@ use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
 use fornax_engine::model::{LlamaModel, LoadOptions};
+use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::EngineBackend;
 
@@ -169,6 +170,136 @@ fn kernels_on_wgpu() {
                         int8_after: Some(32),
                     },
                     4,
+                ),
+            ],
+        },
+    );
+}
+
+/// Per-token log-probs of the first `tokens` of `ppl_text.txt` (32 per forward pass, so
+/// blocks convert between passes) with each policy, against FP32 blocks on the same
+/// backend and weights: the perplexity ratio and the largest per-token change, each
+/// within its bound.
+struct TierScores {
+    load: LoadOptions,
+    tokens: usize,
+    /// Name, policy, largest perplexity change (relative), largest per-token change (nats).
+    policies: Vec<(&'static str, TierPolicy, f64, f32)>,
+}
+
+impl BackendTask for TierScores {
+    type Output = Result<String, String>;
+
+    fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
+        let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
+        let model = LlamaModel::<B>::from_gguf_with(&gguf, &device, self.load, &mut |_, _| {})
+            .map_err(|e| e.to_string())?;
+        let ids = long_prompt(self.tokens);
+        let score = |policy: TierPolicy| {
+            let mut kv = model.new_paged_cache(pool(&model, policy), policy);
+            let logprobs = token_logprobs_in(&model, &mut PagedSeq::new(&mut kv), &ids, 32)
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((logprobs, kv.stats()))
+        };
+        let (base, _) = score(TierPolicy::ALL_F32)?;
+        let base_ppl = perplexity(&base);
+        let mut report = format!(
+            "[{}] {} tokens, FP32 blocks: perplexity {base_ppl:.4}\n",
+            info.adapter, self.tokens
+        );
+        let mut failed = false;
+        for (name, policy, max_ppl, max_token) in self.policies {
+            let (ours, stats) = score(policy)?;
+            let change = perplexity(&ours) / base_ppl - 1.0;
+            let worst = ours
+                .iter()
+                .zip(&base)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            let ok = change.abs() <= max_ppl && worst <= max_token && stats.conversions > 0;
+            failed |= !ok;
+            report += &format!(
+                "  {name}: perplexity {:+.4}% (bound {:.2}%), largest token change {worst:.4} (bound {max_token}), {} conversions{}\n",
+                100.0 * change,
+                100.0 * max_ppl,
+                stats.conversions,
+                if ok { "" } else { "  <- FAILED" }
+            );
+        }
+        if failed {
+            Err(report)
+        } else {
+            Ok(report)
+        }
+    }
+}
+
+fn score(kind: BackendKind, task: TierScores) {
+    match run_on(kind, task).expect("backend available") {
+        Ok(report) => eprintln!("{report}"),
+        Err(report) => panic!("{report}"),
+    }
+}
+
+/// The tiers' own cost on the CPU backend: FP32 weights, so that no 8-bit activation
+/// rounding stands between the blocks and the scores. The attention is the same CPU kernel
+/// over the blocks in place that the quantized path runs. (On the quantized path every
+/// change, even to the attention's summation order alone, moves token log-probs by about
+/// 0.09 nats rms and a 2k-token perplexity by up to 0.3%: `fornax bench kv` prints that
+/// null change beside the tiers.)
+#[test]
+fn tier_scores_on_cpu() {
+    score(
+        BackendKind::Cpu,
+        TierScores {
+            load: LoadOptions {
+                dequantize: true,
+                ..LoadOptions::default()
+            },
+            tokens: 1024,
+            policies: vec![
+                ("default tiers", TierPolicy::DEFAULT, 2e-4, 0.02),
+                (
+                    "FP16 after 128, INT8 after 384",
+                    TierPolicy {
+                        recent: Some(128),
+                        int8_after: Some(384),
+                    },
+                    1e-3,
+                    0.2,
+                ),
+            ],
+        },
+    );
+}
+
+/// The same on lavapipe's fused path: quantized weights with FP32 activations, so the
+/// bounds hold there too.
+#[test]
+fn tier_scores_on_wgpu() {
+    score(
+        BackendKind::Wgpu,
+        TierScores {
+            load: LoadOptions::default(),
+            tokens: 256,
+            policies: vec![
+                (
+                    "FP16 after 64",
+                    TierPolicy {
+                        recent: Some(64),
+                        int8_after: None,
+                    },
+                    2e-4,
+                    0.02,
+                ),
+                (
+                    "FP16 after 64, INT8 after 160",
+                    TierPolicy {
+                        recent: Some(64),
+                        int8_after: Some(160),
+                    },
+                    1e-3,
+                    0.2,
                 ),
             ],
         },

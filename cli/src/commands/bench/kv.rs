@@ -9,7 +9,7 @@ use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{BlockPool, KvCapacity, KvDims, Tier, TierPolicy, BLOCK_TOKENS};
-use fornax_engine::model::{LlamaModel, Logits, SeqTokens};
+use fornax_engine::model::{LlamaModel, LoadOptions, Logits, SeqTokens};
 use fornax_engine::sampling::argmax;
 use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::{PagedSeq, SeqCache};
@@ -43,6 +43,11 @@ pub struct KvBenchArgs {
     /// KV cache budget in MiB.
     #[arg(long, default_value_t = 256)]
     pub kv_memory: usize,
+    /// Score the text this many times, from its first, second, ... token, and pool the
+    /// scores: on the quantized CPU path each start is an independent draw of the 8-bit
+    /// rounding noise, so the standard error falls as 1 / sqrt(draws).
+    #[arg(long, default_value_t = 1)]
+    pub draws: usize,
     /// Skip the perplexity runs (slow on software adapters).
     #[arg(long)]
     pub no_perplexity: bool,
@@ -110,6 +115,129 @@ impl KvBench<'_> {
                 self.text[start..start + len].to_vec()
             })
             .collect()
+    }
+
+    /// Per-token log-probs of the text over a paged cache with `policy`; `kernels: false`
+    /// reads the blocks with burn's attention instead of ours.
+    fn paged_scores<B: EngineBackend>(
+        &self,
+        model: &LlamaModel<B>,
+        text: &[u32],
+        policy: TierPolicy,
+        kernels: bool,
+    ) -> Result<(Vec<f32>, u64)> {
+        let mut kv = model.new_paged_cache(self.capacity(model, policy, 1), policy);
+        kv.kernels = kernels;
+        let mut seq = PagedSeq::new(&mut kv);
+        let scores = token_logprobs_in(model, &mut seq, text, self.args.chunk)?;
+        drop(seq);
+        Ok((scores, kv.stats().conversions))
+    }
+
+    /// Every row of the perplexity table for one model: the per-token log-probs of each
+    /// draw, pooled.
+    fn perplexity_column<B: EngineBackend>(&self, model: &LlamaModel<B>) -> Result<Vec<Vec<f32>>> {
+        let mut column = vec![Vec::new(); 2 + policies(self.args.int8_after).len()];
+        for draw in 0..self.args.draws.max(1) {
+            let text = &self.text[draw.min(self.text.len() - 2)..];
+            let mut rows = vec![
+                token_logprobs_in(model, &mut model.new_cache(), text, self.args.chunk)?,
+                self.paged_scores(model, text, TierPolicy::ALL_F32, true)?.0,
+                self.paged_scores(model, text, TierPolicy::ALL_F32, false)?
+                    .0,
+            ];
+            for (_, policy) in &policies(self.args.int8_after)[1..] {
+                let (scores, conversions) = self.paged_scores(model, text, *policy, true)?;
+                anyhow::ensure!(
+                    conversions > 0,
+                    "no block converted: the text is too short for the tiers"
+                );
+                rows.push(scores);
+            }
+            for (pooled, scores) in column.iter_mut().zip(rows) {
+                pooled.extend(scores);
+            }
+        }
+        Ok(column)
+    }
+
+    /// The perplexity of the text under each tier policy, against FP32 blocks, on the
+    /// loaded weights and, where those are quantized, on FP32 weights too (the reference
+    /// path). A null row reads the same FP32 blocks with burn's attention: a change of
+    /// summation order only, so its figures are what this path does with any tiny change.
+    fn perplexity_table<B: EngineBackend>(
+        &self,
+        model: &LlamaModel<B>,
+        device: &B::Device,
+    ) -> Result<()> {
+        let a = self.args;
+        let t = Instant::now();
+        let mut columns = vec![(
+            if model.quantized() {
+                "quantized weights"
+            } else {
+                "FP32 weights"
+            },
+            self.perplexity_column(model)?,
+        )];
+        if model.quantized() {
+            let options = LoadOptions {
+                dequantize: true,
+                ..a.model.load_options()
+            };
+            let reference = load_model::<B>(self.gguf, device, options)?;
+            columns.push((
+                "FP32 weights (reference)",
+                self.perplexity_column(&reference)?,
+            ));
+        }
+        println!(
+            "\nperplexity of {} ({} tokens, {} per forward pass, {} draw(s); {:.0} s): change against FP32 blocks +- its standard error (rms change of a token's log-prob / sqrt(tokens scored))",
+            a.text.display(),
+            self.text.len(),
+            a.chunk,
+            a.draws.max(1),
+            t.elapsed().as_secs_f64()
+        );
+        let mut names = vec![
+            "contiguous cache (foundation)".to_string(),
+            "FP32 blocks".to_string(),
+            "FP32 blocks, burn's attention (null)".to_string(),
+        ];
+        names.extend(policies(a.int8_after)[1..].iter().map(|(n, _)| n.clone()));
+        print!("  {:<38}", "");
+        for (title, _) in &columns {
+            print!(" {title:>34}");
+        }
+        println!();
+        for (row, name) in names.iter().enumerate() {
+            print!("  {name:<38}");
+            for (_, column) in &columns {
+                let (ppl, base) = (perplexity(&column[row]), perplexity(&column[1]));
+                let rms = (column[row]
+                    .iter()
+                    .zip(&column[1])
+                    .map(|(x, y)| f64::from(x - y).powi(2))
+                    .sum::<f64>()
+                    / column[1].len() as f64)
+                    .sqrt();
+                let error = 100.0 * rms / (column[1].len() as f64).sqrt();
+                let cell = if row < 2 {
+                    format!("{ppl:.4}")
+                } else {
+                    format!(
+                        "{ppl:.4} {:+.3}% +- {error:.3}%",
+                        100.0 * (ppl / base - 1.0)
+                    )
+                };
+                print!(" {cell:>34}");
+            }
+            println!();
+        }
+        println!(
+            "  The null row reads the same FP32 blocks with burn's attention, a change of summation order only. Where it moves token log-probs as much as a tier does (the CPU backend's quantized path: 8-bit activations, whose rounding any tiny change redraws downstream), a tier's change within two standard errors is that noise; --draws N pools N starts of the text."
+        );
+        Ok(())
     }
 
     /// Decode tokens/s of `n` sequences, each over its own contiguous cache.
@@ -184,39 +312,7 @@ impl BackendTask for KvBench<'_> {
         }
 
         if !a.no_perplexity {
-            println!(
-                "\nperplexity of {} ({} tokens, {} per forward pass):",
-                a.text.display(),
-                self.text.len(),
-                a.chunk
-            );
-            let t = Instant::now();
-            let base = perplexity(&token_logprobs_in(
-                &model,
-                &mut model.new_cache(),
-                &self.text,
-                a.chunk,
-            )?);
-            println!(
-                "  {:<34} {base:>9.4}  ({:.0} s)",
-                "contiguous cache (foundation)",
-                t.elapsed().as_secs_f64()
-            );
-            let mut fp32 = None;
-            for (name, policy) in policies(a.int8_after) {
-                let t = Instant::now();
-                let mut kv = model.new_paged_cache(self.capacity(&model, policy, 1), policy);
-                let mut seq = PagedSeq::new(&mut kv);
-                let ppl = perplexity(&token_logprobs_in(&model, &mut seq, &self.text, a.chunk)?);
-                drop(seq);
-                let reference = *fp32.get_or_insert(ppl);
-                println!(
-                    "  {name:<34} {ppl:>9.4}  {:+.3}% vs FP32 blocks  ({} conversions, {:.0} s)",
-                    100.0 * (ppl / reference - 1.0),
-                    kv.stats().conversions,
-                    t.elapsed().as_secs_f64()
-                );
-            }
+            self.perplexity_table(&model, &device)?;
         }
 
         println!(
