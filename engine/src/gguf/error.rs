@@ -30,7 +30,10 @@ pub enum GgufError {
     TooManyDims { name: String, n_dims: u32 },
     #[error("tensor {name:?} has an invalid shape {shape:?}")]
     BadShape { name: String, shape: Vec<u64> },
-    #[error("tensor {name:?} uses unknown or unsupported quantization type {ggml_type}")]
+    #[error(
+        "tensor {name:?} uses unknown or unsupported quantization type {ggml_type} (Fornax reads {})",
+        super::types::GgmlType::names()
+    )]
     UnknownTensorType { name: String, ggml_type: u32 },
     #[error(
         "tensor {name:?} of {elements} elements is not a whole number of {block}-element blocks"

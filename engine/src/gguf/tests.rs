@@ -175,3 +175,36 @@ fn random_corruption_never_panics() {
     }
     assert!(errors > 1_000, "only {errors} corruptions were detected");
 }
+
+/// A K-quant tensor cut short, or shaped off its 256-value super-blocks, is named.
+#[test]
+fn truncated_or_misshapen_k_quant_tensors_are_named() {
+    for ty in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
+        let blocks = 2;
+        let bytes = vec![0u8; blocks * ty.block_bytes() as usize];
+        let elements = blocks as u64 * ty.block_elements();
+        let file = GgufWriter::new(3)
+            .tensor("w", &[elements], ty, bytes.clone())
+            .build();
+        let f = GgufFile::parse(&file).unwrap();
+        assert_eq!(f.dequantize("w").unwrap().0, vec![0.0; elements as usize]);
+        for cut in [1, ty.block_bytes() as usize] {
+            let err = GgufFile::parse(&file[..file.len() - cut]).unwrap_err();
+            assert!(
+                matches!(&err, GgufError::TensorOutOfBounds { name, .. } if name == "w"),
+                "{}: {err}",
+                ty.name()
+            );
+        }
+        let odd = GgufWriter::new(3)
+            .tensor_raw("w", &[elements - 16], ty.id(), bytes)
+            .build();
+        let err = GgufFile::parse(&odd).unwrap_err();
+        assert!(
+            matches!(&err, GgufError::PartialBlock { name, .. } if name == "w"),
+            "{}: {err}",
+            ty.name()
+        );
+        assert!(err.to_string().contains("blocks"), "{err}");
+    }
+}

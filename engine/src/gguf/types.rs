@@ -2,7 +2,8 @@
 
 use half::{bf16, f16};
 
-/// A tensor storage type from the GGUF tensor table.
+/// A tensor storage type from the GGUF tensor table (named as ggml names them).
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GgmlType {
     F32,
@@ -10,28 +11,85 @@ pub enum GgmlType {
     BF16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
+
+/// Values per K-quant super-block.
+pub const QK_K: usize = 256;
+
+/// Every readable type with its GGUF id (ggml's `ggml_type` numbering).
+const IDS: [(GgmlType, u32); 13] = [
+    (GgmlType::F32, 0),
+    (GgmlType::F16, 1),
+    (GgmlType::Q4_0, 2),
+    (GgmlType::Q4_1, 3),
+    (GgmlType::Q5_0, 6),
+    (GgmlType::Q5_1, 7),
+    (GgmlType::Q8_0, 8),
+    (GgmlType::Q2_K, 10),
+    (GgmlType::Q3_K, 11),
+    (GgmlType::Q4_K, 12),
+    (GgmlType::Q5_K, 13),
+    (GgmlType::Q6_K, 14),
+    (GgmlType::BF16, 30),
+];
 
 impl GgmlType {
     /// Maps the numeric id used in GGUF files; `None` for types Fornax cannot read.
     pub fn from_id(id: u32) -> Option<Self> {
-        Some(match id {
-            0 => Self::F32,
-            1 => Self::F16,
-            2 => Self::Q4_0,
-            3 => Self::Q4_1,
-            8 => Self::Q8_0,
-            30 => Self::BF16,
-            _ => return None,
-        })
+        IDS.iter().find(|(_, i)| *i == id).map(|(t, _)| *t)
+    }
+
+    /// The numeric id GGUF files use for this type.
+    pub fn id(self) -> u32 {
+        IDS.iter()
+            .find(|(t, _)| *t == self)
+            .map(|(_, i)| *i)
+            .expect("every type has an id")
+    }
+
+    /// Every type Fornax reads.
+    pub fn all() -> impl Iterator<Item = Self> {
+        IDS.iter().map(|(t, _)| *t)
+    }
+
+    /// The names of every type Fornax reads, comma-separated.
+    pub fn names() -> String {
+        Self::all().map(Self::name).collect::<Vec<_>>().join(", ")
+    }
+
+    /// Its name as ggml and llama.cpp write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "F32",
+            Self::F16 => "F16",
+            Self::BF16 => "BF16",
+            Self::Q4_0 => "Q4_0",
+            Self::Q4_1 => "Q4_1",
+            Self::Q5_0 => "Q5_0",
+            Self::Q5_1 => "Q5_1",
+            Self::Q8_0 => "Q8_0",
+            Self::Q2_K => "Q2_K",
+            Self::Q3_K => "Q3_K",
+            Self::Q4_K => "Q4_K",
+            Self::Q5_K => "Q5_K",
+            Self::Q6_K => "Q6_K",
+        }
     }
 
     /// Elements per block (1 for plain float types).
     pub fn block_elements(self) -> u64 {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => 32,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => 32,
+            Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K as u64,
         }
     }
 
@@ -42,7 +100,19 @@ impl GgmlType {
             Self::F16 | Self::BF16 => 2,
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
             Self::Q8_0 => 34,
+            // scales and mins (16), 2-bit codes (64), d and dmin.
+            Self::Q2_K => 84,
+            // high-bit mask (32), 2-bit codes (64), 6-bit scales (12), d.
+            Self::Q3_K => 110,
+            // d and dmin, 6-bit scales and mins (12), 4-bit codes (128).
+            Self::Q4_K => 144,
+            // as Q4_K plus the fifth bits (32).
+            Self::Q5_K => 176,
+            // low 4 bits (128), high 2 bits (64), 8-bit scales (16), d.
+            Self::Q6_K => 210,
         }
     }
 
@@ -66,32 +136,170 @@ impl GgmlType {
             Self::F32 => {
                 blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             }
-            Self::F16 => blocks.for_each(|(b, o)| o[0] = f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            Self::F16 => blocks.for_each(|(b, o)| o[0] = half(b, 0)),
             Self::BF16 => {
                 blocks.for_each(|(b, o)| o[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32())
             }
             Self::Q8_0 => blocks.for_each(|(b, o)| {
-                let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                let d = half(b, 0);
                 for (v, &q) in o.iter_mut().zip(&b[2..34]) {
                     *v = d * f32::from(q as i8);
                 }
             }),
             Self::Q4_0 => blocks.for_each(|(b, o)| {
-                let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
+                let d = half(b, 0);
                 for (j, &q) in b[2..18].iter().enumerate() {
                     o[j] = d * (f32::from(q & 0x0f) - 8.0);
                     o[j + 16] = d * (f32::from(q >> 4) - 8.0);
                 }
             }),
             Self::Q4_1 => blocks.for_each(|(b, o)| {
-                let d = f16::from_le_bytes([b[0], b[1]]).to_f32();
-                let m = f16::from_le_bytes([b[2], b[3]]).to_f32();
+                let (d, m) = (half(b, 0), half(b, 2));
                 for (j, &q) in b[4..20].iter().enumerate() {
                     o[j] = d * f32::from(q & 0x0f) + m;
                     o[j + 16] = d * f32::from(q >> 4) + m;
                 }
             }),
+            Self::Q5_0 => blocks.for_each(|(b, o)| {
+                let d = half(b, 0);
+                fifth_bits(&b[2..6], &b[6..22], o, |q| d * (q - 16.0));
+            }),
+            Self::Q5_1 => blocks.for_each(|(b, o)| {
+                let (d, m) = (half(b, 0), half(b, 2));
+                fifth_bits(&b[4..8], &b[8..24], o, |q| d * q + m);
+            }),
+            Self::Q2_K => blocks.for_each(|(b, o)| q2_k(b, o)),
+            Self::Q3_K => blocks.for_each(|(b, o)| q3_k(b, o)),
+            Self::Q4_K => blocks.for_each(|(b, o)| q4_k(b, o)),
+            Self::Q5_K => blocks.for_each(|(b, o)| q5_k(b, o)),
+            Self::Q6_K => blocks.for_each(|(b, o)| q6_k(b, o)),
         }
+    }
+}
+
+/// The IEEE half at byte `at` of `b`.
+fn half(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Q5_0 / Q5_1 codes: value `j < 16` is the low nibble of `low[j]`, value `j + 16` its high
+/// nibble, and bit `j` of the little-endian word `high` is value `j`'s fifth bit.
+fn fifth_bits(high: &[u8], low: &[u8], o: &mut [f32], value: impl Fn(f32) -> f32) {
+    let high = u32::from_le_bytes([high[0], high[1], high[2], high[3]]);
+    for (j, &q) in low.iter().enumerate() {
+        let lo = u32::from(q & 0x0f) | ((high >> j) & 1) << 4;
+        let hi = u32::from(q >> 4) | ((high >> (j + 16)) & 1) << 4;
+        o[j] = value(lo as f32);
+        o[j + 16] = value(hi as f32);
+    }
+}
+
+/// Q2_K: sixteen groups of 16 values, each `d * scale * q - dmin * min` with a 4-bit scale
+/// (low nibble) and min (high nibble) per group. Codes: each 32-byte half of `qs` holds
+/// 128 values, four 2-bit planes of 32 (plane `p` at bits `2p`).
+fn q2_k(b: &[u8], o: &mut [f32]) {
+    let (scales, qs) = (&b[0..16], &b[16..80]);
+    let (d, dmin) = (half(b, 80), half(b, 82));
+    for (i, v) in o.iter_mut().enumerate() {
+        let (half_block, plane, l) = (i / 128, i % 128 / 32, i % 32);
+        let sc = scales[i / 16];
+        let q = (qs[half_block * 32 + l] >> (2 * plane)) & 3;
+        *v = d * f32::from(sc & 0x0f) * f32::from(q) - dmin * f32::from(sc >> 4);
+    }
+}
+
+/// Q3_K: sixteen groups of 16 values, each `d * (scale - 32) * (q - 4 * !high)`: 2-bit codes
+/// laid out as Q2_K's, a third bit per value in `hmask` (bit `i / 32` of byte `i % 32`,
+/// set meaning no offset), and 6-bit scales (low nibbles in bytes 0-7, scales 8-15 in their
+/// high nibbles; the top two bits of scale `s` at bits `2 (s / 4)` of byte `8 + s % 4`).
+fn q3_k(b: &[u8], o: &mut [f32]) {
+    let (hmask, qs, packed) = (&b[0..32], &b[32..96], &b[96..108]);
+    let d = half(b, 108);
+    let scale = |s: usize| {
+        let low = if s < 8 {
+            packed[s] & 0x0f
+        } else {
+            packed[s - 8] >> 4
+        };
+        let top = (packed[8 + s % 4] >> (2 * (s / 4))) & 3;
+        f32::from(low | top << 4) - 32.0
+    };
+    for (i, v) in o.iter_mut().enumerate() {
+        let (half_block, plane, l) = (i / 128, i % 128 / 32, i % 32);
+        let q = (qs[half_block * 32 + l] >> (2 * plane)) & 3;
+        let high = hmask[l] >> (i / 32) & 1;
+        let q = f32::from(q) - if high == 1 { 0.0 } else { 4.0 };
+        *v = d * scale(i / 16) * q;
+    }
+}
+
+/// Scale and min `j` (of eight, 6 bits each) packed in the 12 bytes Q4_K and Q5_K share:
+/// `j < 4` in the low 6 bits of bytes `j` (scale) and `j + 4` (min); the others' low
+/// 4 bits in byte `j + 4` (scale low nibble, min high nibble) and their top 2 bits in the
+/// top bits of bytes `j - 4` (scale) and `j` (min).
+fn scale_min_k4(packed: &[u8], j: usize) -> (f32, f32) {
+    let (sc, m) = if j < 4 {
+        (packed[j] & 63, packed[j + 4] & 63)
+    } else {
+        (
+            (packed[j + 4] & 0x0f) | (packed[j - 4] >> 6) << 4,
+            (packed[j + 4] >> 4) | (packed[j] >> 6) << 4,
+        )
+    };
+    (f32::from(sc), f32::from(m))
+}
+
+/// Q4_K: eight groups of 32 values, each `d * scale * q - dmin * min`. Each 32-byte run of
+/// codes holds two groups: the low nibbles the first, the high nibbles the second.
+fn q4_k(b: &[u8], o: &mut [f32]) {
+    let (d, dmin) = (half(b, 0), half(b, 2));
+    let (packed, qs) = (&b[4..16], &b[16..144]);
+    for (i, v) in o.iter_mut().enumerate() {
+        let group = i / 32;
+        let byte = qs[group / 2 * 32 + i % 32];
+        let q = if group % 2 == 0 {
+            byte & 0x0f
+        } else {
+            byte >> 4
+        };
+        let (sc, m) = scale_min_k4(packed, group);
+        *v = d * sc * f32::from(q) - dmin * m;
+    }
+}
+
+/// Q5_K: Q4_K with a fifth bit per value: bit `group` of byte `i % 32` of `qh`.
+fn q5_k(b: &[u8], o: &mut [f32]) {
+    let (d, dmin) = (half(b, 0), half(b, 2));
+    let (packed, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    for (i, v) in o.iter_mut().enumerate() {
+        let group = i / 32;
+        let byte = qs[group / 2 * 32 + i % 32];
+        let low = if group % 2 == 0 {
+            byte & 0x0f
+        } else {
+            byte >> 4
+        };
+        let q = low | (qh[i % 32] >> group & 1) << 4;
+        let (sc, m) = scale_min_k4(packed, group);
+        *v = d * sc * f32::from(q) - dmin * m;
+    }
+}
+
+/// Q6_K: sixteen groups of 16 values, each `d * scale * (q - 32)` with a signed 8-bit
+/// scale. Per 128 values, `ql` holds 64 bytes (values `l` and `l + 64` in the low and high
+/// nibbles of byte `l`, `l < 64`) and `qh` 32 (the top 2 bits of values `l`, `l + 32`,
+/// `l + 64`, `l + 96` at bits 0, 2, 4, 6 of byte `l`, `l < 32`).
+fn q6_k(b: &[u8], o: &mut [f32]) {
+    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = half(b, 208);
+    for (i, v) in o.iter_mut().enumerate() {
+        let (n, r) = (i / 128, i % 128);
+        let (quarter, l) = (r / 32, r % 32);
+        let byte = ql[n * 64 + (quarter % 2) * 32 + l];
+        let low = if quarter < 2 { byte & 0x0f } else { byte >> 4 };
+        let top = (qh[n * 32 + l] >> (2 * quarter)) & 3;
+        let q = i32::from(low | top << 4) - 32;
+        *v = d * f32::from(scales[i / 16] as i8) * q as f32;
     }
 }
 
@@ -143,6 +351,63 @@ mod tests {
         GgmlType::BF16.dequantize(&bf16s, &mut out);
         assert_eq!(out, [bf16::from_f32(3.0e38).to_f32(), -0.15625]);
         assert!(out[0] > 2.9e38);
+    }
+
+    /// Every block format against llama.cpp's Python reader (`gguf`), on random blocks
+    /// made by `scripts/kquant-reference.py`.
+    #[test]
+    fn block_formats_decode_as_llama_cpp_does() {
+        #[derive(serde::Deserialize)]
+        struct Format {
+            r#type: String,
+            bytes: String,
+            values: Vec<f32>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Reference {
+            formats: Vec<Format>,
+        }
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/reference/quant_blocks.json"
+        );
+        let text = std::fs::read_to_string(path).expect("the reference file");
+        let reference: Reference = serde_json::from_str(&text).expect("valid JSON");
+        let mut seen = Vec::new();
+        for f in &reference.formats {
+            let ty = GgmlType::all()
+                .find(|t| t.name() == f.r#type)
+                .unwrap_or_else(|| panic!("unknown type {}", f.r#type));
+            let bytes: Vec<u8> = (0..f.bytes.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&f.bytes[i..i + 2], 16).unwrap())
+                .collect();
+            let elements = bytes.len() as u64 / ty.block_bytes() * ty.block_elements();
+            assert_eq!(elements as usize, f.values.len(), "{}", f.r#type);
+            let mut out = vec![0.0f32; f.values.len()];
+            ty.dequantize(&bytes, &mut out);
+            for (i, (a, b)) in out.iter().zip(&f.values).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                    "{} value {i}: {a} against {b}",
+                    f.r#type
+                );
+            }
+            seen.push(ty);
+        }
+        // Every quantized type is covered.
+        for ty in GgmlType::all().filter(|t| t.block_elements() > 1) {
+            assert!(seen.contains(&ty), "{} has no reference blocks", ty.name());
+        }
+    }
+
+    #[test]
+    fn ids_round_trip() {
+        for ty in GgmlType::all() {
+            assert_eq!(GgmlType::from_id(ty.id()), Some(ty));
+        }
+        assert_eq!(GgmlType::from_id(12), Some(GgmlType::Q4_K));
+        assert_eq!(GgmlType::from_id(9), None, "Q8_1 is an activation format");
     }
 
     #[test]

@@ -43,15 +43,7 @@ impl GgufWriter {
 
     /// Adds a tensor stored as `ty`.
     pub fn tensor(self, name: &str, shape: &[u64], ty: GgmlType, bytes: Vec<u8>) -> Self {
-        let id = match ty {
-            GgmlType::F32 => 0,
-            GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q4_1 => 3,
-            GgmlType::Q8_0 => 8,
-            GgmlType::BF16 => 30,
-        };
-        self.tensor_raw(name, shape, id, bytes)
+        self.tensor_raw(name, shape, ty.id(), bytes)
     }
 
     /// Serialises the file.

@@ -76,7 +76,7 @@ impl LlamaConfig {
     /// Reads the hyper-parameters of a `llama` GGUF file.
     pub fn from_gguf(file: &GgufFile<'_>) -> Result<Self, ModelError> {
         let arch = file.str("general.architecture")?;
-        if arch != "llama" {
+        if !super::ARCHITECTURES.contains(&arch) {
             return Err(ModelError::UnsupportedArchitecture(arch.to_string()));
         }
         let key = |k: &str| format!("{arch}.{k}");

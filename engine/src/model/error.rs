@@ -9,7 +9,10 @@ use crate::gguf::GgufError;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture {0:?}: Fornax runs llama-family models")]
+    #[error(
+        "unsupported architecture {0:?}: Fornax runs {supported}",
+        supported = crate::model::ARCHITECTURES.join(", ")
+    )]
     UnsupportedArchitecture(String),
     #[error("invalid model configuration: {0}")]
     BadConfig(String),
