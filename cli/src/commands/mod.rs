@@ -4,6 +4,7 @@ pub mod bench;
 pub mod generate;
 pub mod info;
 pub mod kv_args;
+pub mod models;
 pub mod perplexity;
 pub mod sched_args;
 pub mod serve;
@@ -27,7 +28,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Which model and backend to use.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched into the cache).
+    /// GGUF model file, or an alias fetched into the cache: smollm2-135m (the default,
+    /// SmolLM2-135M-Instruct Q4_1) or gemma3-270m (`fornax models` lists them).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Compute backend: auto (CUDA, else a GPU through wgpu, else CPU), wgpu, cpu or cuda.
@@ -53,11 +55,20 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// The model path, fetching the default model when none is given.
+    /// The model path: a file as given, or an alias's file (fetched when missing); the
+    /// default model when none is given.
     pub fn path(&self) -> Result<PathBuf> {
         match &self.model {
-            Some(p) => Ok(p.clone()),
-            None => fetch_with_spinner(),
+            Some(p) if p.exists() => Ok(p.clone()),
+            Some(p) => match p.to_str().and_then(model_store::alias) {
+                Some(alias) => fetch_with_spinner(alias),
+                None => anyhow::bail!(
+                    "no model file {} (nor an alias: {})",
+                    p.display(),
+                    model_store::alias_names()
+                ),
+            },
+            None => fetch_with_spinner(model_store::DEFAULT),
         }
     }
 
@@ -119,18 +130,27 @@ pub fn load_model<B: EngineBackend>(
     model.context("cannot load the model")
 }
 
-/// The default model's path, fetching it (with a spinner on stderr) when missing.
-fn fetch_with_spinner() -> Result<PathBuf> {
+/// An alias's file, fetched (with a spinner on stderr) when missing.
+fn fetch_with_spinner(alias: &model_store::Alias) -> Result<PathBuf> {
     let spinner = ProgressBar::new_spinner();
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-    let path = model_store::ensure_default_model(&mut |s| spinner.set_message(s.to_string()));
+    let path = alias.ensure(&mut |s| spinner.set_message(s.to_string()));
     spinner.finish_and_clear();
     path
 }
 
-/// `fornax fetch`.
-pub fn fetch() -> Result<()> {
-    let path = fetch_with_spinner()?;
+/// `fornax fetch [ALIAS]`: the alias's file (default model if none), fetched when missing.
+pub fn fetch(name: Option<String>) -> Result<()> {
+    let alias = match name {
+        None => model_store::DEFAULT,
+        Some(n) => model_store::alias(&n).with_context(|| {
+            format!(
+                "no model alias {n:?} (aliases: {})",
+                model_store::alias_names()
+            )
+        })?,
+    };
+    let path = fetch_with_spinner(alias)?;
     println!("{}", path.display());
     Ok(())
 }

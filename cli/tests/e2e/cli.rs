@@ -284,3 +284,33 @@ fn generate_with_speculation_gives_the_same_tokens() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--spec needs the paged KV cache"));
 }
+
+/// `fornax models` lists every alias and what the cached default file holds; an unknown
+/// alias or a missing file is an error naming the aliases. (The default's alias resolves
+/// to the cached file; nothing is fetched.)
+#[test]
+fn models_lists_aliases_and_unknown_ones_are_named() {
+    model();
+    let out = fornax(&["models"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for alias in fornax::model_store::ALIASES.iter() {
+        assert!(text.contains(alias.name), "{text}");
+    }
+    assert!(
+        text.contains("architecture: llama (runs); tensors: Q4_1 x210, F32 x61, Q8_0 x1"),
+        "{text}"
+    );
+    let out = fornax(&["fetch", "smollm2-135m"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), model());
+    for args in [
+        &["fetch", "no-such-model"][..],
+        &["info", "--model", "no-such-model", "--backend", "cpu"][..],
+    ] {
+        let out = fornax(args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("smollm2-135m, gemma3-270m"), "{args:?}: {err}");
+    }
+}
