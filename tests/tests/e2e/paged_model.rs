@@ -29,13 +29,21 @@ fn pool(model: &LlamaModel<impl EngineBackend>, policy: TierPolicy) -> KvCapacit
     KvCapacity::from_budget(64 << 20, model.kv_dims(), policy, 1, 256)
 }
 
+/// The real model on `device`, loaded by `options`.
+fn load<B: EngineBackend>(
+    device: &B::Device,
+    options: LoadOptions,
+) -> Result<LlamaModel<B>, String> {
+    let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
+    LlamaModel::<B>::from_gguf_with(&gguf, device, options, &mut |_, _| {})
+        .map_err(|e| e.to_string())
+}
+
 impl BackendTask for TierRuns {
     type Output = Result<String, String>;
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
-        let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
-        let model = LlamaModel::<B>::from_gguf_with(&gguf, &device, self.load, &mut |_, _| {})
-            .map_err(|e| e.to_string())?;
+        let model = load::<B>(&device, self.load)?;
         let base = greedy_steps(&model, &mut model.new_cache(), &self.prompt, self.tokens)?;
         let mut report = format!(
             "[{}] prompt of {} tokens:\n",
@@ -191,9 +199,7 @@ impl BackendTask for TierScores {
     type Output = Result<String, String>;
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
-        let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
-        let model = LlamaModel::<B>::from_gguf_with(&gguf, &device, self.load, &mut |_, _| {})
-            .map_err(|e| e.to_string())?;
+        let model = load::<B>(&device, self.load)?;
         let ids = long_prompt(self.tokens);
         let score = |policy: TierPolicy| {
             let mut kv = model.new_paged_cache(pool(&model, policy), policy);
