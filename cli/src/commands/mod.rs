@@ -62,11 +62,15 @@ impl ModelArgs {
             Some(p) if p.exists() => Ok(p.clone()),
             Some(p) => match p.to_str().and_then(model_store::alias) {
                 Some(alias) => fetch_with_spinner(alias),
-                None => anyhow::bail!(
-                    "no model file {} (nor an alias: {})",
-                    p.display(),
-                    model_store::alias_names()
-                ),
+                // A bare name is taken for an alias; a path is left to fail to open.
+                None if p.components().count() == 1 && p.extension().is_none() => {
+                    anyhow::bail!(
+                        "no model file or alias {} (aliases: {})",
+                        p.display(),
+                        model_store::alias_names()
+                    )
+                }
+                None => Ok(p.clone()),
             },
             None => fetch_with_spinner(model_store::DEFAULT),
         }
