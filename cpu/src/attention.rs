@@ -298,12 +298,13 @@ pub fn contiguous_attention(
             total,
         },
     );
+    let level = SimdLevel::best();
     let work: Vec<(usize, usize)> = (0..dims.n_kv_heads)
         .flat_map(|g| (0..rows).step_by(ROW_CHUNK).map(move |r0| (g, r0)))
         .collect();
     let parts: Vec<Vec<f32>> = work
         .par_iter()
-        .map(|&(g, r0)| attend(SimdLevel::best(), q, &k, &v, &seq, g, r0, dims))
+        .map(|&(g, r0)| attend(level, q, &k, &v, &seq, g, r0, dims))
         .collect();
     assemble(rows, dims, work.iter().map(|&(g, r0)| (r0, g)).zip(&parts))
 }

@@ -32,8 +32,8 @@ pub use linear::Weight;
 pub use llama::{Llama, LlamaModel, Logits, SeqTokens};
 pub use load::LoadOptions;
 pub use mlp::Mlp;
+pub use rms_norm::RmsNorm;
+pub use rope::Rope;
 
 /// The `general.architecture` values Fornax runs.
 pub const ARCHITECTURES: [&str; 1] = ["llama"];
-pub use rms_norm::RmsNorm;
-pub use rope::Rope;

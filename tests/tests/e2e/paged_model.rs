@@ -108,9 +108,7 @@ fn reference_prompts_on_cpu() {
         impl BackendTask for Reference<'_> {
             type Output = Result<usize, String>;
             fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
-                let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
-                let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {})
-                    .map_err(|e| e.to_string())?;
+                let model = load::<B>(&device, LoadOptions::default())?;
                 let mut kv =
                     model.new_paged_cache(pool(&model, TierPolicy::DEFAULT), TierPolicy::DEFAULT);
                 let steps =

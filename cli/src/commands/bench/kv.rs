@@ -172,15 +172,16 @@ impl KvBench<'_> {
     ) -> Result<()> {
         let a = self.args;
         let t = Instant::now();
+        let quantized = model.quantized();
         let mut columns = vec![(
-            if model.quantized() {
+            if quantized {
                 "quantized weights"
             } else {
                 "FP32 weights"
             },
             self.perplexity_column(model)?,
         )];
-        if model.quantized() {
+        if quantized {
             let options = LoadOptions {
                 dequantize: true,
                 ..a.model.load_options()
