@@ -86,6 +86,7 @@ phase "format" cargo fmt --all -- --check
 background web-demo-build scripts/web-demo.sh build
 
 phase "build fornax (release) and fetch the default model" cargo run --release -q -p fornax -- fetch
+phase "fetch Gemma 3 270M (its exactness tests)" cargo run --release -q -p fornax -- fetch gemma3-270m
 
 install_openai() {
     # Installed into the cache with --target, so no virtual environment is needed.

@@ -11,6 +11,7 @@ fn main() {
         n_heads: 9,
         n_kv_heads: 3,
         head_dim: 64,
+        window: None,
     };
     let (hd, n_kv) = (dims.head_dim, dims.n_kv_heads);
     let slots = 8;

@@ -60,12 +60,14 @@ pub struct SeqRows<'a> {
     pub table: &'a [u32],
 }
 
-/// Heads and their size.
+/// Heads, their size, and how far back a query sees.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionDims {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Keys a query sees, itself included (`None`: every earlier key).
+    pub window: Option<usize>,
 }
 
 /// Where attention reads key (or value) `k` of KV head `g`.
@@ -110,23 +112,24 @@ impl Rows for HeadMajor<'_> {
     }
 }
 
-/// Rows `0..total` of KV head `g`: FP32 rows where they lie, the others decoded once into
-/// `scratch`.
+/// Rows `first..total` of KV head `g`: FP32 rows where they lie, the others decoded once
+/// into `scratch`.
 fn gather<'a>(
     rows: &'a impl Rows,
-    total: usize,
+    keys: std::ops::Range<usize>,
     g: usize,
     dims: AttentionDims,
     scratch: &'a mut Vec<f32>,
 ) -> Vec<&'a [f32]> {
     let hd = dims.head_dim;
-    let direct: Vec<Option<&[f32]>> = (0..total).map(|k| rows.direct(k, g, dims)).collect();
+    let first = keys.start;
+    let direct: Vec<Option<&[f32]>> = keys.map(|k| rows.direct(k, g, dims)).collect();
     let decoded = direct.iter().filter(|d| d.is_none()).count();
     scratch.clear();
     scratch.resize(decoded * hd, 0.0);
     let missing = direct.iter().enumerate().filter(|(_, d)| d.is_none());
     for ((k, _), out) in missing.zip(scratch.chunks_exact_mut(hd)) {
-        rows.decode(k, g, dims, out);
+        rows.decode(first + k, g, dims, out);
     }
     let scratch: &'a Vec<f32> = scratch;
     let mut next = scratch.chunks_exact(hd);
@@ -551,33 +554,43 @@ fn attend_with<P: Products>(
     let nr = (s.rows - r0).min(ROW_CHUNK);
     let total = s.start + r0 + nr;
     let scale = (hd as f32).powf(-0.5);
-    // FP32 rows read where they lie, the others decoded once; keys padded with zero rows
-    // to a multiple of KEYS.
+    // Query row i sees keys `seen(i)`: up to its own, the last `window` of them.
+    let seen = |i: usize| {
+        let end = s.start + r0 + i + 1;
+        dims.window.map_or(0, |w| end.saturating_sub(w))..end
+    };
+    // The piece's rows from the first any query sees: FP32 rows read where they lie, the
+    // others decoded once; keys padded with zero rows to a multiple of KEYS.
+    let first = seen(0).start;
     let (mut k_scratch, mut v_scratch) = (Vec::new(), Vec::new());
     let zero = vec![0.0f32; hd];
-    let mut k_rows = gather(keys, total, g, dims, &mut k_scratch);
-    k_rows.resize(total.next_multiple_of(KEYS), &zero);
-    let v_rows = gather(values, total, g, dims, &mut v_scratch);
+    let mut k_rows = gather(keys, first..total, g, dims, &mut k_scratch);
+    k_rows.resize((total - first).next_multiple_of(KEYS), &zero);
+    let v_rows = gather(values, first..total, g, dims, &mut v_scratch);
     let mut out = vec![0.0f32; nr * group * hd];
-    let mut scores = vec![0.0f32; total.next_multiple_of(KEYS)];
+    let mut scores = vec![0.0f32; (total - first).next_multiple_of(KEYS)];
     for i in 0..nr {
-        // Query row i sees keys 0..=start + r0 + i.
-        let sees = s.start + r0 + i + 1;
+        let sees = seen(i);
+        let (lo, hi) = (sees.start - first, sees.end - first);
+        // Scores in runs of KEYS from the piece's first key, so that a key's score does
+        // not depend on the row that asked for it.
+        let from = lo - lo % KEYS;
         for h in 0..group {
             let query = &q[(s.row_start + r0 + i) * width + (g * group + h) * hd..][..hd];
-            for (k, sc) in scores[..sees.next_multiple_of(KEYS)]
+            for (k, sc) in scores[from..hi.next_multiple_of(KEYS)]
                 .chunks_exact_mut(KEYS)
                 .enumerate()
             {
-                let four = P::dot4(query, std::array::from_fn(|j| k_rows[k * KEYS + j]));
+                let at = from + k * KEYS;
+                let four = P::dot4(query, std::array::from_fn(|j| k_rows[at + j]));
                 for (s, v) in sc.iter_mut().zip(four) {
                     *s = v * scale;
                 }
             }
-            let sc = &mut scores[..sees];
+            let sc = &mut scores[lo..hi];
             P::softmax(sc);
             let o = &mut out[(i * group + h) * hd..][..hd];
-            P::weighted_sum(sc, &v_rows[..sees], o);
+            P::weighted_sum(sc, &v_rows[lo..hi], o);
         }
     }
     out

@@ -1,4 +1,4 @@
-//! The element-wise parts of a Llama layer, in place over FP32 rows: what burn would run
+//! The element-wise parts of a layer, in place over FP32 rows: what burn would run
 //! as several separate operations each (RMSNorm alone is six).
 
 /// RMSNorm of each row of `x` (rows of `weight.len()` values), in place:
@@ -51,10 +51,18 @@ fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// Rotary position embedding in GGUF's layout (pairs of adjacent dimensions), in place
-/// over rows of `heads * head_dim` values; row `r` is at position `positions[r]`, and
-/// `cos`/`sin` hold `head_dim / 2` angles per position.
-pub fn rope(x: &mut [f32], heads: usize, positions: &[usize], cos: &[f32], sin: &[f32]) {
+/// Rotary position embedding, in place over rows of `heads * head_dim` values; row `r`
+/// is at position `positions[r]`, and `cos`/`sin` hold `head_dim / 2` angles per position.
+/// Angle `i` rotates dimensions `(2i, 2i + 1)` (GGUF's Llama layout), or with `neox`
+/// dimensions `(i, i + head_dim / 2)`.
+pub fn rope(
+    x: &mut [f32],
+    heads: usize,
+    positions: &[usize],
+    cos: &[f32],
+    sin: &[f32],
+    neox: bool,
+) {
     let rows = positions.len();
     if rows == 0 {
         return;
@@ -67,11 +75,32 @@ pub fn rope(x: &mut [f32], heads: usize, positions: &[usize], cos: &[f32], sin: 
             &sin[pos * half..(pos + 1) * half],
         );
         for head in row.chunks_exact_mut(2 * half) {
-            for (i, pair) in head.chunks_exact_mut(2).enumerate() {
-                let (a, b) = (pair[0], pair[1]);
-                pair[0] = a * c[i] - b * s[i];
-                pair[1] = a * s[i] + b * c[i];
+            if neox {
+                let (lo, hi) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (a, b) = (lo[i], hi[i]);
+                    lo[i] = a * c[i] - b * s[i];
+                    hi[i] = a * s[i] + b * c[i];
+                }
+            } else {
+                for (i, pair) in head.chunks_exact_mut(2).enumerate() {
+                    let (a, b) = (pair[0], pair[1]);
+                    pair[0] = a * c[i] - b * s[i];
+                    pair[1] = a * s[i] + b * c[i];
+                }
             }
         }
+    }
+}
+
+/// GeGLU's gate, in place: `gate = gelu(gate) * up`, GELU in its tanh approximation
+/// (`0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`).
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "gate and up");
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
     }
 }

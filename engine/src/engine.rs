@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use burn_tensor::{Int, Tensor, TensorData};
 
 use crate::kv::{BlockValues, KvStats, PagedKv, BLOCK_TOKENS};
-use crate::model::{LlamaModel, Logits, ModelError, SeqTokens};
+use crate::model::{Logits, Model, ModelError, SeqTokens};
 use crate::sampling::{pick_rows, Sampler, SamplingParams};
 use crate::sched::{
     FinishReason, KvBlocks, PolicyKind, RequestId, Scheduled, Scheduler, SchedulerConfig,
@@ -55,7 +55,7 @@ struct Speculation<B: EngineBackend> {
 
 /// A model, its KV pool and the scheduler.
 pub struct Engine<'m, B: EngineBackend> {
-    model: &'m LlamaModel<B>,
+    model: &'m Model<B>,
     pub kv: PagedKv<B>,
     pub sched: Scheduler,
     decoding: HashMap<RequestId, Decoding>,
@@ -72,7 +72,7 @@ pub struct Engine<'m, B: EngineBackend> {
 impl<'m, B: EngineBackend> Engine<'m, B> {
     /// An engine over `model` with the pool `kv`.
     pub fn new(
-        model: &'m LlamaModel<B>,
+        model: &'m Model<B>,
         kv: PagedKv<B>,
         config: SchedulerConfig,
         policy: PolicyKind,

@@ -4,7 +4,7 @@ use crate::device_counts::{read_back, read_back_async};
 use crate::EngineBackend;
 use burn_tensor::{backend::Backend, Tensor, TensorData};
 
-use crate::model::{LlamaModel, Logits, ModelError};
+use crate::model::{Logits, Model, ModelError};
 use crate::sampling::{pick_rows, pick_rows_async, Sampler, SamplingParams};
 use crate::seq_cache::SeqCache;
 
@@ -52,7 +52,7 @@ fn floats(data: TensorData) -> Vec<f32> {
 /// Runs the prompt through the model in chunks and returns the last position's logits,
 /// still on the device.
 pub fn prefill_logits<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     prompt: &[u32],
     cache: &mut impl SeqCache<B>,
     chunk: usize,
@@ -76,7 +76,7 @@ pub fn prefill_logits<B: EngineBackend>(
 
 /// Runs the prompt through the model in chunks and returns the last position's logits.
 pub fn prefill<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     prompt: &[u32],
     cache: &mut impl SeqCache<B>,
     chunk: usize,
@@ -89,7 +89,7 @@ pub fn prefill<B: EngineBackend>(
 /// [`Generation::sample`] picks a token from the logits read back and
 /// [`Generation::advance`] runs it, until [`Generation::finished`].
 pub struct Generation<'m, B: EngineBackend, C: SeqCache<B>> {
-    model: &'m LlamaModel<B>,
+    model: &'m Model<B>,
     cache: C,
     params: GenerateParams,
     sampler: Sampler,
@@ -99,7 +99,7 @@ pub struct Generation<'m, B: EngineBackend, C: SeqCache<B>> {
 impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
     /// Prefills `prompt` into `cache`; returns the generation and the prompt's last logits.
     pub fn start(
-        model: &'m LlamaModel<B>,
+        model: &'m Model<B>,
         mut cache: C,
         prompt: &[u32],
         params: GenerateParams,
@@ -172,7 +172,7 @@ impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
 /// cache, calling `on_token` with each one as it is sampled; `on_token` returns `false`
 /// to stop early. Returns the new tokens.
 pub fn generate<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     prompt: &[u32],
     params: &GenerateParams,
     on_token: impl FnMut(u32) -> bool,
@@ -182,7 +182,7 @@ pub fn generate<B: EngineBackend>(
 
 /// [`generate`] continuing the sequence in `cache` (contiguous or paged).
 pub fn generate_in<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     cache: &mut impl SeqCache<B>,
     prompt: &[u32],
     params: &GenerateParams,

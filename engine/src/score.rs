@@ -3,13 +3,13 @@
 use crate::EngineBackend;
 use burn_tensor::{activation::log_softmax, Int, Tensor, TensorData};
 
-use crate::model::{LlamaModel, Logits, ModelError};
+use crate::model::{Logits, Model, ModelError};
 use crate::seq_cache::SeqCache;
 
 /// Log-probabilities of `ids[1..]`, each given the tokens before it, computed in chunks
 /// of `chunk` tokens over a contiguous KV cache. Returns `ids.len() - 1` values.
 pub fn token_logprobs<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     ids: &[u32],
     chunk: usize,
 ) -> Result<Vec<f32>, ModelError> {
@@ -18,7 +18,7 @@ pub fn token_logprobs<B: EngineBackend>(
 
 /// [`token_logprobs`] over an empty `cache` of any kind.
 pub fn token_logprobs_in<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     cache: &mut impl SeqCache<B>,
     ids: &[u32],
     chunk: usize,

@@ -5,7 +5,7 @@ use crate::EngineBackend;
 use burn_tensor::{backend::Backend, Tensor};
 
 use crate::kv::{PagedKv, SeqId};
-use crate::model::{KvCache, LlamaModel, Logits, ModelError, SeqTokens};
+use crate::model::{KvCache, Logits, Model, ModelError, SeqTokens};
 
 /// A cache holding one sequence that the model can continue.
 pub trait SeqCache<B: EngineBackend> {
@@ -14,7 +14,7 @@ pub trait SeqCache<B: EngineBackend> {
     /// Runs `tokens` after the cached ones and returns logits for `logits` positions.
     fn forward(
         &mut self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Tensor<B, 2>, ModelError>;
@@ -27,7 +27,7 @@ impl<B: EngineBackend, C: SeqCache<B> + ?Sized> SeqCache<B> for &mut C {
 
     fn forward(
         &mut self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Tensor<B, 2>, ModelError> {
@@ -42,7 +42,7 @@ impl<B: EngineBackend> SeqCache<B> for KvCache<B> {
 
     fn forward(
         &mut self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Tensor<B, 2>, ModelError> {
@@ -94,7 +94,7 @@ impl<B: EngineBackend> SeqCache<B> for PagedSeq<'_, B> {
 
     fn forward(
         &mut self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         tokens: &[u32],
         logits: Logits,
     ) -> Result<Tensor<B, 2>, ModelError> {

@@ -86,6 +86,9 @@ pub struct AttentionShape {
     pub head_dim: usize,
     /// Columns of the block-table tensor (entries per sequence).
     pub max_blocks: usize,
+    /// Keys a query sees, itself included (`None`: every earlier key). The kernels here
+    /// attend over every key; windowed attention takes the engine's reference path.
+    pub window: Option<usize>,
 }
 
 impl AttentionShape {

@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, PagedKv, Tier, TierPolicy, BLOCK_TOKENS};
-use fornax_engine::model::{LlamaModel, LoadOptions};
+use fornax_engine::model::{LoadOptions, Model};
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::{ChatMessage, TextStream, Tokenizer};
@@ -27,7 +27,7 @@ pub struct Session {
 }
 
 struct Inner {
-    model: LlamaModel<WebBackend>,
+    model: Model<WebBackend>,
     tokenizer: Tokenizer,
     /// One sequence at a time; borrowed for the length of a generation.
     kv: RefCell<PagedKv<WebBackend>>,
@@ -48,7 +48,7 @@ impl Session {
         let (device, adapter) = device().await;
         let file = GgufFile::parse(&bytes).map_err(js_error)?;
         let options = LoadOptions::default();
-        if let Some((name, need)) = LlamaModel::<WebBackend>::largest_weight(&file, options) {
+        if let Some((name, need)) = Model::<WebBackend>::largest_weight(&file, options) {
             if need > adapter.max_binding {
                 return Err(JsError::new(&format!(
                     "tensor {name} needs {} MiB in one buffer, but this adapter binds at most {} MiB",
@@ -61,7 +61,7 @@ impl Session {
         let mut report = |done: usize, total: usize| {
             let _ = progress.call2(&JsValue::NULL, &done.into(), &total.into());
         };
-        let model = LlamaModel::<WebBackend>::from_gguf_with(&file, &device, options, &mut report)
+        let model = Model::<WebBackend>::from_gguf_with(&file, &device, options, &mut report)
             .map_err(js_error)?;
         let dims = model.kv_dims();
         let context = CONTEXT_TOKENS.min(model.config.max_seq_len);
@@ -107,7 +107,7 @@ impl Session {
         let tok = &self.inner.tokenizer;
         let ids = match chat {
             true => tok.encode_chat(&[ChatMessage::new("user", prompt)]),
-            false => tok.encode(prompt, false),
+            false => tok.encode_prompt(prompt, false),
         };
         ids.map_err(js_error)
     }

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::seq_cache::PagedSeq;
@@ -42,7 +42,8 @@ pub struct GenerateArgs {
     /// System message for --chat (default: the template's own).
     #[arg(long)]
     pub system: Option<String>,
-    /// Prepend the BOS token (raw completions are scored without it by default).
+    /// Prepend the BOS token even where the file does not ask for one (it does for Gemma,
+    /// not for SmolLM2).
     #[arg(long)]
     pub bos: bool,
     /// Keep generating after an end-of-sequence token.
@@ -75,12 +76,10 @@ impl GenerateArgs {
             messages.push(ChatMessage::new("user", &self.prompt));
             tok.encode_chat(&messages)?
         } else {
-            tok.encode(&self.prompt, false)?
+            tok.encode_prompt(&self.prompt, false)?
         };
-        if self.bos {
-            if let Some(bos) = tok.bos_id {
-                ids.insert(0, bos);
-            }
+        if let Some(bos) = tok.bos_id.filter(|&b| self.bos && ids.first() != Some(&b)) {
+            ids.insert(0, bos);
         }
         Ok(ids)
     }
@@ -109,7 +108,7 @@ impl Generate<'_> {
     /// tokens and a line of its figures.
     fn speculate<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         prompt: Vec<u32>,
         params: &GenerateParams,
         mut on_token: impl FnMut(u32) -> bool,

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use fornax_backends::{BackendTask, DeviceInfo};
-use fornax_engine::model::LlamaConfig;
+use fornax_engine::model::config_from_gguf;
 
 use super::{parse, ModelArgs};
 
@@ -23,7 +23,7 @@ pub fn run(args: ModelArgs) -> Result<()> {
     let path = args.path()?;
     let file = fornax::model_file::ModelFile::open(&path)?;
     let gguf = parse(&file)?;
-    let config = LlamaConfig::from_gguf(&gguf)?;
+    let config = config_from_gguf(&gguf)?;
     let name = gguf
         .get("general.name")
         .and_then(|v| v.as_str())
@@ -44,9 +44,23 @@ pub fn run(args: ModelArgs) -> Result<()> {
         types.join(", "),
         params as f64 / 1e6
     );
+    let c = &config;
     println!(
-        "config:   {} layers, d_model {}, {} heads / {} kv heads, d_ff {}, vocab {}, context {}, rope base {}",
-        config.n_layers, config.d_model, config.n_heads, config.n_kv_heads, config.d_ff, config.vocab_size, config.max_seq_len, config.rope_theta
+        "config:   {} ({}), {} layers, d_model {}, {} heads / {} kv heads of {}, d_ff {}, vocab {}, context {}",
+        c.architecture, name, c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size, c.max_seq_len
+    );
+    let windowed = c.layers.iter().filter(|l| l.window.is_some()).count();
+    let window = c.layers.iter().find_map(|l| l.window);
+    let thetas: Vec<String> = c.rope_thetas().iter().map(|t| t.to_string()).collect();
+    println!(
+        "layers:   rope base {}, {:?} rope, {:?} gate, {}",
+        thetas.join(" / "),
+        c.rope_style,
+        c.activation,
+        match window {
+            Some(w) => format!("{windowed} of {} layers windowed to {w} keys", c.n_layers),
+            None => "full attention".into(),
+        }
     );
     let info = args.run_on(Report)?;
     println!("backend:  {}", info.kind);

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use fornax::kv_remote::{self, RemoteTier};
 use fornax_engine::kv::{HostTier, KvCapacity, KvDims, PagedKv, Tier, TierPolicy, BLOCK_TOKENS};
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::EngineBackend;
 
 /// KV cache settings.
@@ -71,7 +71,7 @@ impl KvArgs {
     /// for; refused when the tier is asked for without the prefix cache it extends.
     pub fn paged<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         capacity: KvCapacity,
         prefix_cache: bool,
     ) -> Result<PagedKv<B>> {

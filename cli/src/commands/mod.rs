@@ -20,7 +20,7 @@ use fornax::model_file::ModelFile;
 use fornax::model_store;
 use fornax_backends::{BackendKind, BackendTask};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::{LlamaModel, LoadOptions};
+use fornax_engine::model::{LoadOptions, Model};
 use fornax_engine::tokenizer::Tokenizer;
 use fornax_engine::EngineBackend;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -121,12 +121,12 @@ pub fn load_model<B: EngineBackend>(
     gguf: &GgufFile<'_>,
     device: &B::Device,
     options: LoadOptions,
-) -> Result<LlamaModel<B>> {
+) -> Result<Model<B>> {
     let bar = ProgressBar::new(0).with_style(
         ProgressStyle::with_template("loading {bar:30} {pos}/{len} tensors {elapsed}")
             .expect("valid template"),
     );
-    let model = LlamaModel::from_gguf_with(gguf, device, options, &mut |done, total| {
+    let model = Model::from_gguf_with(gguf, device, options, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     });

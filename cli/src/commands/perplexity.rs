@@ -72,7 +72,7 @@ impl BackendTask for Score<'_> {
 fn encode(tok: &Tokenizer, path: &PathBuf) -> Result<Vec<u32>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(tok.encode(&text, false)?)
+    Ok(tok.encode_prompt(&text, false)?)
 }
 
 pub fn run(args: PerplexityArgs) -> Result<()> {

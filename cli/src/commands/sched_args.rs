@@ -2,7 +2,7 @@
 
 use clap::Args;
 use fornax_engine::kv::PagedKv;
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::{Engine, EngineBackend};
 
@@ -48,7 +48,7 @@ impl SchedArgs {
     /// An engine over `model` and `kv` with these settings.
     pub fn engine<'m, B: EngineBackend>(
         &self,
-        model: &'m LlamaModel<B>,
+        model: &'m Model<B>,
         kv: PagedKv<B>,
     ) -> Engine<'m, B> {
         self.engine_with(model, kv, self.config(), self.policy)
@@ -57,7 +57,7 @@ impl SchedArgs {
     /// An engine with these settings but the scheduler's `config` and `policy`.
     pub fn engine_with<'m, B: EngineBackend>(
         &self,
-        model: &'m LlamaModel<B>,
+        model: &'m Model<B>,
         kv: PagedKv<B>,
         config: SchedulerConfig,
         policy: PolicyKind,

@@ -151,8 +151,8 @@ pub async fn completions(
     state.check_model(&req.model)?;
     let tok = &state.tokenizer;
     let prompt = match req.prompt {
-        Prompt::Text(text) => tok.encode(&text, true),
-        Prompt::Texts(texts) if texts.len() == 1 => tok.encode(&texts[0], true),
+        Prompt::Text(text) => tok.encode_prompt(&text, true),
+        Prompt::Texts(texts) if texts.len() == 1 => tok.encode_prompt(&texts[0], true),
         Prompt::Texts(_) => {
             return Err(ApiError::invalid_param(
                 "prompt",

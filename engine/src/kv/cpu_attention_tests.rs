@@ -118,7 +118,8 @@ impl Arenas {
     }
 }
 
-/// Plain causal attention in f64 over decoded keys and values: `[rows, n_heads * hd]`.
+/// Plain causal attention in f64 over decoded keys and values, each query seeing the
+/// last `dims.window` keys where given: `[rows, n_heads * hd]`.
 fn plain(q: &[f32], seq: &Seq, start: usize, rows: usize, dims: AttentionDims) -> Vec<f32> {
     let (hd, n_kv) = (dims.head_dim, dims.n_kv_heads);
     let group = dims.n_heads / n_kv;
@@ -129,7 +130,8 @@ fn plain(q: &[f32], seq: &Seq, start: usize, rows: usize, dims: AttentionDims) -
         for h in 0..dims.n_heads {
             let g = h / group;
             let query = &q[(r * dims.n_heads + h) * hd..][..hd];
-            let scores: Vec<f64> = (0..=start + r)
+            let first = dims.window.map_or(0, |w| (start + r + 1).saturating_sub(w));
+            let scores: Vec<f64> = (first..=start + r)
                 .map(|t| {
                     let key = &seq.keys[t * width + g * hd..][..hd];
                     let dot: f64 = query
@@ -147,7 +149,7 @@ fn plain(q: &[f32], seq: &Seq, start: usize, rows: usize, dims: AttentionDims) -
                 let v: f64 = e
                     .iter()
                     .enumerate()
-                    .map(|(t, p)| p * seq.values[t * width + g * hd + d] as f64)
+                    .map(|(t, p)| p * seq.values[(first + t) * width + g * hd + d] as f64)
                     .sum();
                 out[(r * dims.n_heads + h) * hd + d] = (v / sum) as f32;
             }
@@ -264,6 +266,7 @@ const SMOLLM2: AttentionDims = AttentionDims {
     n_heads: 9,
     n_kv_heads: 3,
     head_dim: 64,
+    window: None,
 };
 
 /// Every block of a sequence in one tier in turn, and the three mixed as the pool ages
@@ -297,8 +300,37 @@ fn partial_blocks_and_other_head_sizes_match_plain_attention() {
             n_heads,
             n_kv_heads,
             head_dim,
+            window: None,
         };
         check(dims, &[1, 33, 70], 1, alternate, false);
         check(dims, &[9, 70], 4, alternate, true);
+    }
+}
+
+/// A sliding window (Gemma 3's layers): each query sees only its last `window` keys, in
+/// decode and prefill rows (more than one chunk of them), the window's edge inside a
+/// block and on one, over every tier.
+#[test]
+fn windowed_attention_sees_only_the_last_keys() {
+    let aged = |b: usize, blocks: usize| match blocks - b {
+        1 => Tier::F32,
+        2 => Tier::F16,
+        _ => Tier::I8,
+    };
+    for window in [1, 32, 45] {
+        let gemma = AttentionDims {
+            n_heads: 4,
+            n_kv_heads: 1,
+            head_dim: 256,
+            window: Some(window),
+        };
+        let smollm2 = AttentionDims {
+            window: Some(window),
+            ..SMOLLM2
+        };
+        for dims in [gemma, smollm2] {
+            check(dims, &[1, 31, 46, 97, 130], 1, aged, false);
+            check(dims, &[70, 150], 70, aged, true);
+        }
     }
 }

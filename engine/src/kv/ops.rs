@@ -28,15 +28,17 @@ pub trait PagedAttentionOps: Backend {
 
     /// Attention of `q` `[tokens, n_heads * head_dim]` (RoPE applied, the first token at
     /// position `start`) over one sequence's contiguous keys and values
-    /// `[n_kv_heads, start + tokens, head_dim]`: `[tokens, n_heads * head_dim]`.
+    /// `[n_kv_heads, start + tokens, head_dim]`, each query seeing at most `window` keys
+    /// where given: `[tokens, n_heads * head_dim]`.
     fn contiguous_attention(
         q: Tensor<Self, 2>,
         k: Tensor<Self, 3>,
         v: Tensor<Self, 3>,
         start: usize,
         n_heads: usize,
+        window: Option<usize>,
     ) -> Tensor<Self, 2> {
-        reference_contiguous(q, k, v, start, n_heads)
+        reference_contiguous(q, k, v, start, n_heads, window)
     }
 }
 
@@ -49,12 +51,13 @@ fn reference_contiguous<B: Backend>(
     v: Tensor<B, 3>,
     start: usize,
     n_heads: usize,
+    window: Option<usize>,
 ) -> Tensor<B, 2> {
     let [tokens, width] = q.dims();
     let q = q
         .reshape([tokens, n_heads, width / n_heads])
         .swap_dims(0, 1);
-    crate::model::attend(q, k, v, start)
+    crate::model::attend(q, k, v, start, window)
 }
 
 // The CPU attention reads the engine's block layout.
@@ -142,6 +145,7 @@ impl PagedAttentionOps for CpuBackend {
             n_heads: shape.n_heads,
             n_kv_heads: shape.n_kv_heads,
             head_dim: shape.head_dim,
+            window: shape.window,
         };
         let out = fornax_cpu::attention::paged_attention(&q, &k, &v, &seqs, attention);
         Tensor::from_data(burn_tensor::TensorData::new(out, dims), &device)
@@ -155,6 +159,7 @@ impl PagedAttentionOps for CpuBackend {
         v: Tensor<Self, 3>,
         start: usize,
         n_heads: usize,
+        window: Option<usize>,
     ) -> Tensor<Self, 2> {
         let device = q.device();
         let [tokens, width] = q.dims();
@@ -164,6 +169,7 @@ impl PagedAttentionOps for CpuBackend {
             n_heads,
             n_kv_heads,
             head_dim,
+            window,
         };
         let q = crate::host_values::host_f32(q);
         let out = fornax_cpu::attention::contiguous_attention(&q, &host(k), &host(v), start, dims);
@@ -184,9 +190,13 @@ where
         batch: &PagedBatch<Self>,
         shape: AttentionShape,
     ) -> Tensor<Self, 2> {
-        // The kernels are written for FP32 activations, 32-bit table words and head
-        // dimensions that are a multiple of their loop step.
+        // The kernels are written for FP32 activations, 32-bit table words, head
+        // dimensions that are a multiple of their loop step, and every earlier key.
+        let windowed = shape
+            .window
+            .is_some_and(|w| batch.seqs.iter().any(|s| s.total() > w));
         if !batch.kernels
+            || windowed
             || FloatElem::<Self>::dtype() != burn_tensor::DType::F32
             || !shape.head_dim.is_multiple_of(HEAD_DIM_MULTIPLE)
         {

@@ -31,7 +31,7 @@ pub fn paged_attention<B: Backend>(
                 |t: Tensor<B, 2>| t.reshape([s.total(), shape.n_kv_heads, hd]).swap_dims(0, 1);
             let k = heads(gather(&kv.keys, &s.table, s.total(), shape));
             let v = heads(gather(&kv.values, &s.table, s.total(), shape));
-            attend(q, k, v, s.start)
+            attend(q, k, v, s.start, shape.window)
         })
         .collect();
     Tensor::cat(outs, 0)

@@ -1,10 +1,11 @@
 //! Grouped-query self-attention with RoPE, computed in f32, over either the contiguous
-//! cache of one sequence or the paged cache of a ragged batch.
+//! cache of one sequence or the paged cache of a ragged batch; optionally with RMSNorm on
+//! each query and key head and a sliding window.
 
 use crate::EngineBackend;
 use burn_tensor::{activation::softmax, backend::Backend, Tensor, TensorData};
 
-use super::{Joint, KvCache, Linear, Rope};
+use super::{Joint, KvCache, LayerOps, Linear, RmsNorm, Rope};
 use crate::kv::{AttentionShape, PagedBatch, PagedKv};
 
 /// Attention projections of one block.
@@ -15,6 +16,11 @@ pub struct Attention<B: Backend> {
     pub o: Linear<B>,
     pub n_heads: usize,
     pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// RMSNorm over each query head, then each key head, before RoPE (Gemma 3).
+    pub head_norms: Option<(RmsNorm<B>, RmsNorm<B>)>,
+    /// Keys a query sees, itself included (`None`: every earlier key).
+    pub window: Option<usize>,
 }
 
 impl<B: EngineBackend> Attention<B> {
@@ -28,9 +34,9 @@ impl<B: EngineBackend> Attention<B> {
         layer: usize,
         start: usize,
     ) -> Tensor<B, 2> {
-        let [tokens, d_model] = x.dims();
-        let head_dim = d_model / self.n_heads;
-        let heads = |t: Tensor<B, 2>, n: usize| t.reshape([tokens, n, head_dim]).swap_dims(0, 1);
+        let tokens = x.dims()[0];
+        let heads =
+            |t: Tensor<B, 2>, n: usize| t.reshape([tokens, n, self.head_dim]).swap_dims(0, 1);
 
         let [q, k, v] = self.project(x);
         let positions = Tensor::arange(start as i64..(start + tokens) as i64, &v.device());
@@ -41,8 +47,14 @@ impl<B: EngineBackend> Attention<B> {
         );
         let v = heads(v, self.n_kv_heads);
         let (k, v) = cache.append(layer, k, v);
-        self.o
-            .forward(B::contiguous_attention(q, k, v, start, self.n_heads))
+        self.o.forward(B::contiguous_attention(
+            q,
+            k,
+            v,
+            start,
+            self.n_heads,
+            self.window,
+        ))
     }
 
     /// Attends the rows of a ragged batch `x` (`[rows, d_model]`) over the paged cache of
@@ -55,7 +67,7 @@ impl<B: EngineBackend> Attention<B> {
         batch: &PagedBatch<B>,
         layer: usize,
     ) -> Tensor<B, 2> {
-        let shape = self.paged_shape(x.dims()[1], batch);
+        let shape = self.paged_shape(batch);
         let [q, k, v] = self.project(x);
         let q = B::rope_rows(q, self.n_heads, batch.positions.clone(), rope);
         let k = B::rope_rows(k, self.n_kv_heads, batch.positions.clone(), rope);
@@ -64,32 +76,51 @@ impl<B: EngineBackend> Attention<B> {
             .forward(B::paged_attention(q, kv.store.layer(layer), batch, shape))
     }
 
-    /// The shape of this layer's attention over `batch` for inputs `d_model` wide.
-    pub(crate) fn paged_shape(&self, d_model: usize, batch: &PagedBatch<B>) -> AttentionShape {
+    /// The shape of this layer's attention over `batch`.
+    pub(crate) fn paged_shape(&self, batch: &PagedBatch<B>) -> AttentionShape {
         AttentionShape {
             n_heads: self.n_heads,
             n_kv_heads: self.n_kv_heads,
-            head_dim: d_model / self.n_heads,
+            head_dim: self.head_dim,
             max_blocks: batch.max_blocks,
+            window: self.window,
         }
     }
 
-    /// Q, K and V of `x`.
+    /// Q, K and V of `x`, the head norms applied to Q and K.
     fn project(&self, x: Tensor<B, 2>) -> [Tensor<B, 2>; 3] {
-        self.qkv
+        let [q, k, v] = self
+            .qkv
             .forward(x)
             .try_into()
-            .unwrap_or_else(|_| unreachable!("Q, K and V"))
+            .unwrap_or_else(|_| unreachable!("Q, K and V"));
+        match &self.head_norms {
+            Some((qn, kn)) => [
+                per_head(qn, q, self.n_heads),
+                per_head(kn, k, self.n_kv_heads),
+                v,
+            ],
+            None => [q, k, v],
+        }
     }
 }
 
+/// `norm` over each of the `heads` heads of every row of `x` `[rows, heads * head_dim]`.
+fn per_head<B: LayerOps>(norm: &RmsNorm<B>, x: Tensor<B, 2>, heads: usize) -> Tensor<B, 2> {
+    let [rows, width] = x.dims();
+    norm.forward(x.reshape([rows * heads, width / heads]))
+        .reshape([rows, width])
+}
+
 /// Causal attention of queries `q` `[n_heads, tokens, hd]` (first at position `start`)
-/// over keys and values `[n_kv_heads, start + tokens, hd]`; returns `[tokens, n_heads * hd]`.
+/// over keys and values `[n_kv_heads, start + tokens, hd]`, each query seeing at most
+/// `window` keys (itself included) where given; returns `[tokens, n_heads * hd]`.
 pub(crate) fn attend<B: Backend>(
     q: Tensor<B, 3>,
     k: Tensor<B, 3>,
     v: Tensor<B, 3>,
     start: usize,
+    window: Option<usize>,
 ) -> Tensor<B, 2> {
     let [n_heads, tokens, head_dim] = q.dims();
     let [n_kv_heads, total, _] = k.dims();
@@ -98,8 +129,10 @@ pub(crate) fn attend<B: Backend>(
     let q = q.reshape([n_kv_heads, group * tokens, head_dim]);
     let scale = (head_dim as f64).powf(-0.5);
     let mut scores = q.matmul(k.swap_dims(1, 2)).mul_scalar(scale);
-    if tokens > 1 {
-        scores = scores.add(causal_mask(group, tokens, start, total, &v.device()));
+    let windowed = window.is_some_and(|w| w < total);
+    if tokens > 1 || windowed {
+        let mask = causal_mask(group, tokens, start, total, window, &v.device());
+        scores = scores.add(mask);
     }
     softmax(scores, 2)
         .matmul(v)
@@ -109,19 +142,23 @@ pub(crate) fn attend<B: Backend>(
 }
 
 /// Additive mask `[1, group * tokens, total]`: row `g * tokens + i` (query at `start + i`)
-/// sees keys `0..=start + i`.
+/// sees keys `0..=start + i`, the last `window` of them where given.
 fn causal_mask<B: Backend>(
     group: usize,
     tokens: usize,
     start: usize,
     total: usize,
+    window: Option<usize>,
     device: &B::Device,
 ) -> Tensor<B, 3> {
     let mut mask = vec![0.0f32; group * tokens * total];
     for g in 0..group {
         for i in 0..tokens {
             let row = (g * tokens + i) * total;
-            mask[row + start + i + 1..row + total].fill(f32::NEG_INFINITY);
+            let end = start + i + 1;
+            let first = window.map_or(0, |w| end.saturating_sub(w));
+            mask[row..row + first].fill(f32::NEG_INFINITY);
+            mask[row + end..row + total].fill(f32::NEG_INFINITY);
         }
     }
     Tensor::from_data(TensorData::new(mask, [1, group * tokens, total]), device)

@@ -1,9 +1,10 @@
-//! One pre-norm transformer block: attention and SwiGLU, each with a residual.
+//! One pre-norm transformer block: attention and the gated feed-forward layer, each with
+//! a residual, and (Gemma) a norm on each one's output before its residual add.
 
 use crate::EngineBackend;
 use burn_tensor::{backend::Backend, Tensor};
 
-use super::{Attention, KvCache, Mlp, QkvTarget, RmsNorm, Rope, Rows};
+use super::{Activation, Attention, KvCache, Mlp, QkvTarget, RmsNorm, Rope, Rows};
 use crate::kv::{PagedBatch, PagedKv};
 use crate::quant::QuantMatrix;
 
@@ -15,13 +16,17 @@ struct FusedWeights<'a, B: Backend> {
     down: &'a QuantMatrix<B>,
 }
 
-/// A Llama decoder block.
+/// A decoder block.
 #[derive(Debug, Clone)]
 pub struct Block<B: Backend> {
     pub attn_norm: RmsNorm<B>,
     pub attn: Attention<B>,
     pub ffn_norm: RmsNorm<B>,
     pub mlp: Mlp<B>,
+    /// Norms of the attention and of the feed-forward output, before their residual adds.
+    pub post_norms: Option<(RmsNorm<B>, RmsNorm<B>)>,
+    /// The model's RoPE table this block rotates by.
+    pub rope: usize,
 }
 
 impl<B: EngineBackend> Block<B> {
@@ -48,7 +53,8 @@ impl<B: EngineBackend> Block<B> {
         batch: &PagedBatch<B>,
         layer: usize,
     ) -> Tensor<B, 2> {
-        match self.fused_weights().filter(|_| batch.fused) {
+        let fits = batch.fused && rope.pairs().is_some();
+        match self.fused_weights().filter(|_| fits) {
             Some(w) => self.forward_fused(x, &w, rope, kv, batch, layer),
             None => self.residuals(x, |n| self.attn.forward_paged(n, rope, kv, batch, layer)),
         }
@@ -64,7 +70,7 @@ impl<B: EngineBackend> Block<B> {
         batch: &PagedBatch<B>,
         layer: usize,
     ) -> Tensor<B, 2> {
-        let shape = self.attn.paged_shape(x.dims()[1], batch);
+        let shape = self.attn.paged_shape(batch);
         let to = QkvTarget {
             rope,
             store: &mut kv.store,
@@ -79,8 +85,16 @@ impl<B: EngineBackend> Block<B> {
         B::matmul_residual(gated, w.down, h)
     }
 
-    /// The matrices as the fused kernels take them, if they are joined and quantized.
+    /// The matrices as the fused kernels take them, if they are joined and quantized and
+    /// the block is one the kernels run (Llama's: no head or post norms, SwiGLU, no window).
     fn fused_weights(&self) -> Option<FusedWeights<'_, B>> {
+        if self.post_norms.is_some()
+            || self.attn.head_norms.is_some()
+            || self.attn.window.is_some()
+            || self.mlp.activation != Activation::Silu
+        {
+            return None;
+        }
         let (qkv, Rows::Stacked) = self.attn.qkv.joined()? else {
             return None;
         };
@@ -101,7 +115,16 @@ impl<B: EngineBackend> Block<B> {
         x: Tensor<B, 2>,
         attend: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
     ) -> Tensor<B, 2> {
-        let h = x.clone() + attend(self.attn_norm.forward(x));
-        h.clone() + self.mlp.forward(self.ffn_norm.forward(h))
+        let a = attend(self.attn_norm.forward(x.clone()));
+        let a = match &self.post_norms {
+            Some((after_attn, _)) => after_attn.forward(a),
+            None => a,
+        };
+        let h = x + a;
+        let f = self.mlp.forward(self.ffn_norm.forward(h.clone()));
+        match &self.post_norms {
+            Some((_, after_ffn)) => h + after_ffn.forward(f),
+            None => h + f,
+        }
     }
 }

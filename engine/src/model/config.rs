@@ -1,14 +1,44 @@
-//! Llama hyper-parameters, read from GGUF metadata.
+//! Hyper-parameters of a decoder-only transformer, as the family files read them from
+//! GGUF metadata (`super::family`).
 
 use super::ModelError;
-use crate::gguf::GgufFile;
 
 /// RoPE's frequency base where a file names none (Llama's).
-const DEFAULT_ROPE_THETA: f64 = 10000.0;
+pub(crate) const DEFAULT_ROPE_THETA: f64 = 10000.0;
 
-/// Hyper-parameters of a Llama-family transformer.
+/// How RoPE pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent dimensions `(2i, 2i + 1)`: llama.cpp's converter permutes Llama's Q and K
+    /// weights for it.
+    Adjacent,
+    /// Dimension `i` with `i + head_dim / 2` (GPT-NeoX's layout; Gemma, Qwen).
+    Neox,
+}
+
+/// The gate of the feed-forward layer: `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU: Llama, Qwen).
+    Silu,
+    /// GELU, tanh approximation (GeGLU: Gemma).
+    GeluTanh,
+}
+
+/// What differs from layer to layer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerConfig {
+    /// Keys a query sees, itself included (`None`: every earlier key).
+    pub window: Option<usize>,
+    /// RoPE frequency base.
+    pub rope_theta: f64,
+}
+
+/// Hyper-parameters of a decoder-only transformer.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LlamaConfig {
+pub struct ModelConfig {
+    /// `general.architecture` of the file (`llama` in `new`).
+    pub architecture: String,
     /// Vocabulary size.
     pub vocab_size: usize,
     /// Hidden size.
@@ -19,21 +49,31 @@ pub struct LlamaConfig {
     pub n_heads: usize,
     /// Key/value heads (grouped-query attention when fewer than `n_heads`).
     pub n_kv_heads: usize,
-    /// Inner size of the SwiGLU feed-forward layer.
+    /// Size of one attention head (`d_model / n_heads` in `new`).
+    pub head_dim: usize,
+    /// Inner size of the gated feed-forward layer.
     pub d_ff: usize,
     /// Maximum context length in tokens.
     pub max_seq_len: usize,
-    /// RoPE frequency base (10,000 in `new` and when the file names none).
-    pub rope_theta: f64,
     /// Epsilon of the RMS norms (1e-5 in `new`).
     pub rms_eps: f64,
     /// Whether the output layer reuses the token embedding (true in `new`).
     pub tied_embeddings: bool,
+    pub rope_style: RopeStyle,
+    pub activation: Activation,
+    /// Factor on the token embeddings (Gemma: `sqrt(d_model)`).
+    pub embed_scale: Option<f32>,
+    /// RMSNorm over each query and key head before RoPE.
+    pub qk_norm: bool,
+    /// RMSNorm on the attention and feed-forward outputs before their residual adds.
+    pub post_norms: bool,
+    /// One entry per block.
+    pub layers: Vec<LayerConfig>,
 }
 
-impl LlamaConfig {
-    /// The sizes, in field order, with Llama's defaults for the rest: RoPE base 10,000,
-    /// norm epsilon 1e-5, tied embeddings.
+impl ModelConfig {
+    /// A Llama-style model of these sizes, in field order: RoPE base 10,000 on adjacent
+    /// pairs, SwiGLU, norm epsilon 1e-5, tied embeddings, full attention.
     pub fn new(
         vocab_size: usize,
         d_model: usize,
@@ -44,79 +84,62 @@ impl LlamaConfig {
         max_seq_len: usize,
     ) -> Self {
         Self {
+            architecture: "llama".into(),
             vocab_size,
             d_model,
             n_layers,
             n_heads,
             n_kv_heads,
+            head_dim: d_model / n_heads.max(1),
             d_ff,
             max_seq_len,
-            rope_theta: DEFAULT_ROPE_THETA,
             rms_eps: 1e-5,
             tied_embeddings: true,
+            rope_style: RopeStyle::Adjacent,
+            activation: Activation::Silu,
+            embed_scale: None,
+            qk_norm: false,
+            post_norms: false,
+            layers: vec![
+                LayerConfig {
+                    window: None,
+                    rope_theta: DEFAULT_ROPE_THETA,
+                };
+                n_layers
+            ],
         }
     }
 
     /// Size of one attention head.
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_heads
+        self.head_dim
+    }
+
+    /// Width of the queries of one token (`n_heads * head_dim`).
+    pub fn q_width(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// The distinct RoPE bases, in order of first use.
+    pub fn rope_thetas(&self) -> Vec<f64> {
+        let mut thetas: Vec<f64> = Vec::new();
+        for l in &self.layers {
+            if !thetas.contains(&l.rope_theta) {
+                thetas.push(l.rope_theta);
+            }
+        }
+        thetas
     }
 
     /// Weights one decoder block multiplies a token by (Q, K, V, O and the feed-forward).
     pub fn layer_weights(&self) -> usize {
-        let kv = self.n_kv_heads * self.head_dim();
-        self.d_model * (2 * self.d_model + 2 * kv) + 3 * self.d_model * self.d_ff
+        let kv = self.n_kv_heads * self.head_dim;
+        self.d_model * (2 * self.q_width() + 2 * kv) + 3 * self.d_model * self.d_ff
     }
 
     /// Weights the output layer multiplies a token by.
     pub fn head_weights(&self) -> usize {
         self.vocab_size * self.d_model
-    }
-
-    /// Reads the hyper-parameters of a `llama` GGUF file.
-    pub fn from_gguf(file: &GgufFile<'_>) -> Result<Self, ModelError> {
-        let arch = file.str("general.architecture")?;
-        if !super::ARCHITECTURES.contains(&arch) {
-            return Err(ModelError::UnsupportedArchitecture(arch.to_string()));
-        }
-        let key = |k: &str| format!("{arch}.{k}");
-        let usize_key = |k: &str| file.u64(&key(k)).map(|v| v as usize);
-        let n_heads = usize_key("attention.head_count")?;
-        let vocab_size = match file.get(&key("vocab_size")).and_then(|v| v.as_u64()) {
-            Some(v) => v as usize,
-            None => file.array("tokenizer.ggml.tokens")?.len(),
-        };
-        let config = Self {
-            vocab_size,
-            d_model: usize_key("embedding_length")?,
-            n_layers: usize_key("block_count")?,
-            n_heads,
-            n_kv_heads: file
-                .get(&key("attention.head_count_kv"))
-                .and_then(|v| v.as_u64())
-                .map_or(n_heads, |v| v as usize),
-            d_ff: usize_key("feed_forward_length")?,
-            max_seq_len: usize_key("context_length")?,
-            rope_theta: file
-                .get(&key("rope.freq_base"))
-                .and_then(|v| v.as_f64())
-                .unwrap_or(DEFAULT_ROPE_THETA),
-            rms_eps: file.f64(&key("attention.layer_norm_rms_epsilon"))?,
-            tied_embeddings: file.tensor("output.weight").is_err(),
-        };
-        config.validate()?;
-        if let Some(rope_dims) = file
-            .get(&key("rope.dimension_count"))
-            .and_then(|v| v.as_u64())
-        {
-            if rope_dims as usize != config.head_dim() {
-                return Err(ModelError::BadConfig(format!(
-                    "partial RoPE ({rope_dims} of {} dims) is not supported",
-                    config.head_dim()
-                )));
-            }
-        }
-        Ok(config)
     }
 
     /// Checks the sizes are consistent.
@@ -128,6 +151,7 @@ impl LlamaConfig {
             self.n_layers,
             self.n_heads,
             self.n_kv_heads,
+            self.head_dim,
             self.d_ff,
             self.max_seq_len,
         ]
@@ -135,17 +159,24 @@ impl LlamaConfig {
         {
             return bad("a size is zero".into());
         }
-        if !self.d_model.is_multiple_of(self.n_heads) || !self.head_dim().is_multiple_of(2) {
-            return bad(format!(
-                "d_model {} does not split into {} even heads",
-                self.d_model, self.n_heads
-            ));
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head size {} is odd", self.head_dim));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "{} heads do not group over {} kv heads",
                 self.n_heads, self.n_kv_heads
             ));
+        }
+        if self.layers.len() != self.n_layers {
+            return bad(format!(
+                "{} layer entries for {} layers",
+                self.layers.len(),
+                self.n_layers
+            ));
+        }
+        if self.layers.iter().any(|l| l.window == Some(0)) {
+            return bad("an attention window of zero keys".into());
         }
         Ok(())
     }

@@ -137,7 +137,12 @@ where
             keys: float(keys.clone()),
             values: float(values.clone()),
             info: to.batch.rope_rows.clone().into_primitive(),
-            table: float(to.rope.pairs().clone()),
+            table: float(
+                to.rope
+                    .pairs()
+                    .expect("fused blocks rotate adjacent pairs")
+                    .clone(),
+            ),
             q_width: to.shape.n_heads * to.shape.head_dim,
             kv_width: to.shape.n_kv_heads * to.shape.head_dim,
             head_dim: to.shape.head_dim,

@@ -9,7 +9,7 @@ use burn_tensor::{Element, Shape, TensorData, TensorPrimitive};
 use fornax_cpu::layer_ops;
 use fornax_shaders::layer_launch;
 
-use super::Rope;
+use super::{Rope, RopeStyle};
 use crate::host_values::host_f32;
 use crate::CpuBackend;
 
@@ -23,6 +23,11 @@ pub trait LayerOps: Backend {
     /// `silu(gate) * up`.
     fn swiglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
         silu(gate).mul(up)
+    }
+
+    /// `gelu(gate) * up`, GELU in its tanh approximation.
+    fn geglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        reference_geglu(gate, up)
     }
 
     /// RoPE over `x` `[rows, heads * head_dim]` whose row `r` is at `positions[r]`.
@@ -44,6 +49,19 @@ pub fn reference_rms_norm<B: Backend>(
 ) -> Tensor<B, 2> {
     let rms = x.clone().powi_scalar(2).mean_dim(1).add_scalar(eps).sqrt();
     x.div(rms).mul(weight.unsqueeze())
+}
+
+/// GeGLU's gate as burn operations: `0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * up`.
+pub fn reference_geglu<B: Backend>(gate: Tensor<B, 2>, up: Tensor<B, 2>) -> Tensor<B, 2> {
+    let inner = gate
+        .clone()
+        .powi_scalar(3)
+        .mul_scalar(0.044715)
+        .add(gate.clone())
+        .mul_scalar((2.0 / std::f64::consts::PI).sqrt());
+    gate.mul(inner.tanh().add_scalar(1.0))
+        .mul_scalar(0.5)
+        .mul(up)
 }
 
 /// On CubeCL backends in FP32, RMSNorm and SwiGLU's gate are one kernel each
@@ -112,6 +130,13 @@ impl LayerOps for CpuBackend {
         tensor(g, shape, &device)
     }
 
+    fn geglu(gate: Tensor<Self, 2>, up: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        let device = gate.device();
+        let (mut g, shape) = host(gate);
+        layer_ops::geglu(&mut g, &host(up).0);
+        tensor(g, shape, &device)
+    }
+
     fn rope_rows(
         x: Tensor<Self, 2>,
         heads: usize,
@@ -127,7 +152,8 @@ impl LayerOps for CpuBackend {
             .map(|p| p as usize)
             .collect();
         let (cos, sin) = rope.host_tables();
-        layer_ops::rope(&mut v, heads, &at, cos, sin);
+        let neox = rope.style() == RopeStyle::Neox;
+        layer_ops::rope(&mut v, heads, &at, cos, sin, neox);
         tensor(v, shape, &device)
     }
 }

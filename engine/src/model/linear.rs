@@ -1,6 +1,7 @@
-//! A bias-free linear layer whose weight is FP32 or block-quantized.
+//! A bias-free linear layer whose weight is FP32 or block-quantized, in one piece or (where
+//! it is larger than the device holds in one buffer) in bands of output rows.
 
-use burn_tensor::{backend::Backend, Int, Tensor};
+use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use crate::quant::{QuantMatrix, QuantOps};
 
@@ -11,6 +12,9 @@ pub enum Weight<B: Backend> {
     Dense(Tensor<B, 2>),
     /// Block-quantized, stored `[out, in]` as GGUF stores it.
     Quant(QuantMatrix<B>),
+    /// Consecutive bands of output rows, one layer each: a weight larger than the
+    /// device's largest buffer (Gemma's 262,144-row output layer on wgpu).
+    Bands(Vec<Linear<B>>),
 }
 
 /// `y = x @ W`, no bias (Llama has none).
@@ -34,11 +38,19 @@ impl<B: Backend> Linear<B> {
         }
     }
 
+    /// The layer whose output rows are those of `bands`, in order.
+    pub fn bands(bands: Vec<Self>) -> Self {
+        Self {
+            weight: Weight::Bands(bands),
+        }
+    }
+
     /// The device holding the weight.
     pub fn device(&self) -> B::Device {
         match &self.weight {
             Weight::Dense(w) => w.device(),
             Weight::Quant(q) => q.device(),
+            Weight::Bands(b) => b[0].device(),
         }
     }
 
@@ -47,20 +59,34 @@ impl<B: Backend> Linear<B> {
         match &self.weight {
             Weight::Dense(w) => w.shape().num_elements() * w.dtype().size(),
             Weight::Quant(q) => q.bytes(),
+            Weight::Bands(b) => b.iter().map(Self::bytes).sum(),
         }
     }
 
-    /// The quantized weight, if it is one.
+    /// Output rows.
+    pub fn outputs(&self) -> usize {
+        match &self.weight {
+            Weight::Dense(w) => w.dims()[1],
+            Weight::Quant(q) => q.rows,
+            Weight::Bands(b) => b.iter().map(Self::outputs).sum(),
+        }
+    }
+
+    /// The quantized weight, if it is one in one piece.
     pub fn quant(&self) -> Option<&QuantMatrix<B>> {
         match &self.weight {
             Weight::Quant(q) => Some(q),
-            Weight::Dense(_) => None,
+            Weight::Dense(_) | Weight::Bands(_) => None,
         }
     }
 
     /// Whether the weight is kept quantized.
     pub fn is_quantized(&self) -> bool {
-        matches!(self.weight, Weight::Quant(_))
+        match &self.weight {
+            Weight::Quant(_) => true,
+            Weight::Dense(_) => false,
+            Weight::Bands(b) => b.iter().all(Self::is_quantized),
+        }
     }
 }
 
@@ -70,6 +96,7 @@ impl<B: QuantOps> Linear<B> {
         match &self.weight {
             Weight::Dense(w) => B::dense_matmul(x, w),
             Weight::Quant(q) => B::quant_matmul(x, q),
+            Weight::Bands(b) => Tensor::cat(b.iter().map(|l| l.forward(x.clone())).collect(), 1),
         }
     }
 
@@ -85,10 +112,44 @@ impl<B: QuantOps> Linear<B> {
 
     /// Columns `ids` of `W` as rows `[ids, in]`: the embedding lookup of a table that is
     /// also the tied output layer.
-    pub fn columns(&self, ids: Tensor<B, 1, Int>) -> Tensor<B, 2> {
+    pub fn columns(&self, ids: &[u32]) -> Tensor<B, 2> {
+        let device = self.device();
+        let upload = |ids: Vec<i64>| {
+            let n = ids.len();
+            Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), &device)
+        };
         match &self.weight {
-            Weight::Dense(w) => w.clone().select(1, ids).transpose(),
-            Weight::Quant(q) => B::quant_rows(ids, q),
+            Weight::Dense(w) => {
+                let ids = upload(ids.iter().map(|&i| i64::from(i)).collect());
+                w.clone().select(1, ids).transpose()
+            }
+            Weight::Quant(q) => {
+                B::quant_rows(upload(ids.iter().map(|&i| i64::from(i)).collect()), q)
+            }
+            Weight::Bands(bands) => {
+                // Each band's rows, then back in the order asked.
+                let (mut parts, mut order) = (Vec::new(), Vec::new());
+                let mut first = 0u32;
+                for band in bands {
+                    let end = first + band.outputs() as u32;
+                    let (at, local): (Vec<i64>, Vec<u32>) = ids
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &id)| (first..end).contains(&id))
+                        .map(|(i, &id)| (i as i64, id - first))
+                        .unzip();
+                    if !local.is_empty() {
+                        parts.push(band.columns(&local));
+                        order.extend(at);
+                    }
+                    first = end;
+                }
+                let mut inverse = vec![0i64; order.len()];
+                for (row, &i) in order.iter().enumerate() {
+                    inverse[i as usize] = row as i64;
+                }
+                Tensor::cat(parts, 0).select(0, upload(inverse))
+            }
         }
     }
 }

@@ -1,11 +1,11 @@
-//! Builds a [`LlamaModel`] from GGUF tensors: quantized matrices stay quantized on
+//! Builds a [`Model`] from GGUF tensors (the names llama.cpp gives them): quantized matrices stay quantized on
 //! backends with the kernels for them, everything else is dequantized to FP32 on the host.
 
 use burn_tensor::{backend::Backend, Tensor, TensorData};
 
 use super::{
-    Attention, Block, FusedOps, Joint, Linear, Llama, LlamaConfig, LlamaModel, Mlp, ModelError,
-    RmsNorm, Rope, Rows,
+    config_from_gguf, Attention, Block, FusedOps, Joint, Linear, Mlp, Model, ModelError, Net,
+    RmsNorm, Rows,
 };
 use crate::gguf::{GgufError, GgufFile};
 use crate::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};
@@ -62,44 +62,67 @@ impl<B: QuantOps> Loader<'_, '_, B> {
         Ok(Tensor::from_data(TensorData::new(v, [len]), self.device))
     }
 
-    /// A GGUF matrix stored `[out, in]`, uploaded transposed as `[in, out]`.
-    fn transposed(
-        &mut self,
-        name: &str,
-        out: usize,
-        inp: usize,
-    ) -> Result<Tensor<B, 2>, ModelError> {
-        let v = self.values(name, &[out, inp])?;
+    /// Rows `[out, inp]` (row-major) uploaded transposed as `[inp, out]`.
+    fn transposed(&self, v: &[f32], out: usize, inp: usize) -> Tensor<B, 2> {
         let mut t = vec![0.0f32; v.len()];
         for (r, row) in v.chunks_exact(inp).enumerate() {
             for (c, &x) in row.iter().enumerate() {
                 t[c * out + r] = x;
             }
         }
-        Ok(Tensor::from_data(
-            TensorData::new(t, [inp, out]),
-            self.device,
-        ))
+        Tensor::from_data(TensorData::new(t, [inp, out]), self.device)
+    }
+
+    /// Rows per band of a matrix of `out` rows of `row_bytes` bytes: all of them where
+    /// the matrix fits in three quarters of the device's largest buffer (packing may
+    /// widen scales), else as many as fit.
+    fn band_rows(&self, out: usize, row_bytes: usize) -> usize {
+        let room = B::max_buffer_bytes(self.device).map_or(usize::MAX, |m| m / 4 * 3);
+        (room / row_bytes.max(1)).clamp(1, out.max(1))
     }
 
     /// The `[out, in]` matrix `name` as a layer `in -> out`: quantized blocks uploaded
-    /// as they are when the loader keeps them, else FP32.
+    /// as they are when the loader keeps them, else FP32; in bands of rows where it is
+    /// larger than the device holds in one buffer.
     fn linear(&mut self, name: &str, inp: usize, out: usize) -> Result<Linear<B>, ModelError> {
         let info = self.file.tensor(name)?;
-        let packed = match self.quantized && info.dims_row_major() == [out, inp] {
-            true => PackedMatrix::pack(info.ggml_type, self.file.tensor_bytes(info), out, inp),
-            false => None,
-        };
-        match packed {
-            Some(packed) => {
+        if self.quantized && info.dims_row_major() == [out, inp] {
+            let bytes = self.file.tensor_bytes(info);
+            let row_bytes = bytes.len() / out.max(1);
+            let band = self.band_rows(out, row_bytes);
+            let packed: Option<Vec<PackedMatrix>> = (0..out)
+                .step_by(band)
+                .map(|r0| {
+                    let r1 = (r0 + band).min(out);
+                    let rows = &bytes[r0 * row_bytes..r1 * row_bytes];
+                    PackedMatrix::pack(info.ggml_type, rows, r1 - r0, inp)
+                })
+                .collect();
+            if let Some(packed) = packed {
                 self.check(name, &[out, inp])?;
-                Ok(Linear::quantized(QuantMatrix::from_packed(
-                    packed,
-                    self.device,
-                )))
+                let device = self.device;
+                let layers = packed
+                    .into_iter()
+                    .map(|p| Linear::quantized(QuantMatrix::from_packed(p, device)))
+                    .collect();
+                return Ok(one_or_bands(layers));
             }
-            None => Ok(Linear::new(self.transposed(name, out, inp)?)),
         }
+        let v = self.values(name, &[out, inp])?;
+        let band = self.band_rows(out, inp * 4);
+        let layers = v
+            .chunks(band * inp)
+            .map(|rows| Linear::new(self.transposed(rows, rows.len() / inp, inp)))
+            .collect();
+        Ok(one_or_bands(layers))
+    }
+}
+
+/// One layer, or the bands of one.
+fn one_or_bands<B: Backend>(mut layers: Vec<Linear<B>>) -> Linear<B> {
+    match layers.len() {
+        1 => layers.pop().expect("one layer"),
+        _ => Linear::bands(layers),
     }
 }
 
@@ -180,8 +203,8 @@ impl<B: QuantOps> Loader<'_, '_, B> {
     }
 }
 
-impl<B: QuantOps + FusedOps> LlamaModel<B> {
-    /// Loads a llama-architecture GGUF onto `device`, keeping quantized matrices
+impl<B: QuantOps + FusedOps> Model<B> {
+    /// Loads a GGUF of a supported architecture onto `device`, keeping quantized matrices
     /// quantized where `B` has kernels for them; `progress(done, total)` is called after
     /// each tensor.
     pub fn from_gguf(
@@ -214,9 +237,10 @@ impl<B: QuantOps + FusedOps> LlamaModel<B> {
         options: LoadOptions,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self, ModelError> {
-        let c = LlamaConfig::from_gguf(file)?;
-        let (d, hd) = (c.d_model, c.head_dim());
-        let total = 2 + 9 * c.n_layers + usize::from(!c.tied_embeddings);
+        let c = config_from_gguf(file)?;
+        let (d, hd) = (c.d_model, c.head_dim);
+        let per_layer = 9 + 2 * usize::from(c.qk_norm) + 2 * usize::from(c.post_norms);
+        let total = 2 + per_layer * c.n_layers + usize::from(!c.tied_embeddings);
         let mut l = Loader::<B> {
             file,
             device,
@@ -234,23 +258,39 @@ impl<B: QuantOps + FusedOps> LlamaModel<B> {
         let mut blocks = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let mut norm = |s: &str, len: usize| -> Result<RmsNorm<B>, ModelError> {
+                Ok(RmsNorm::new(l.vector(&n(s), len)?, c.rms_eps))
+            };
+            let attn_norm = norm("attn_norm", d)?;
+            let head_norms = match c.qk_norm {
+                true => Some((norm("attn_q_norm", hd)?, norm("attn_k_norm", hd)?)),
+                false => None,
+            };
+            let ffn_norm = norm("ffn_norm", d)?;
+            let post_norms = match c.post_norms {
+                true => Some((norm("post_attention_norm", d)?, norm("post_ffw_norm", d)?)),
+                false => None,
+            };
             blocks.push(Block {
-                attn_norm: RmsNorm::new(l.vector(&n("attn_norm"), d)?, c.rms_eps),
+                attn_norm,
                 attn: Attention {
                     qkv: l.joint(
                         &[
-                            (n("attn_q"), c.n_heads * hd),
+                            (n("attn_q"), c.q_width()),
                             (n("attn_k"), c.n_kv_heads * hd),
                             (n("attn_v"), c.n_kv_heads * hd),
                         ],
                         d,
                         Rows::Stacked,
                     )?,
-                    o: l.linear(&n("attn_output"), c.n_heads * hd, d)?,
+                    o: l.linear(&n("attn_output"), c.q_width(), d)?,
                     n_heads: c.n_heads,
                     n_kv_heads: c.n_kv_heads,
+                    head_dim: hd,
+                    head_norms,
+                    window: c.layers[i].window,
                 },
-                ffn_norm: RmsNorm::new(l.vector(&n("ffn_norm"), d)?, c.rms_eps),
+                ffn_norm,
                 mlp: Mlp {
                     gate_up: l.joint(
                         &[(n("ffn_gate"), c.d_ff), (n("ffn_up"), c.d_ff)],
@@ -258,18 +298,21 @@ impl<B: QuantOps + FusedOps> LlamaModel<B> {
                         Rows::Interleaved,
                     )?,
                     down: l.linear(&n("ffn_down"), c.d_ff, d)?,
+                    activation: c.activation,
                 },
+                post_norms,
+                rope: Self::rope_index(&c, i),
             });
         }
         let norm = RmsNorm::new(l.vector("output_norm.weight", d)?, c.rms_eps);
         Ok(Self {
-            net: Llama {
+            net: Net {
                 embedding,
                 output,
                 blocks,
                 norm,
             },
-            rope: Rope::new(hd, c.max_seq_len, c.rope_theta, device),
+            ropes: Self::rope_tables(&c, device),
             config: c,
         })
     }

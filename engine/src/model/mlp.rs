@@ -1,16 +1,17 @@
-//! SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
+//! Gated feed-forward: down(act(gate(x)) * up(x)), SwiGLU or GeGLU.
 
 use crate::EngineBackend;
 use burn_tensor::{backend::Backend, Tensor};
 
-use super::{Joint, Linear};
+use super::{Activation, Joint, Linear};
 
-/// The gated feed-forward layer of a Llama block.
+/// The gated feed-forward layer of a block.
 #[derive(Debug, Clone)]
 pub struct Mlp<B: Backend> {
     /// Gate and up, rows interleaved where joined.
     pub gate_up: Joint<B>,
     pub down: Linear<B>,
+    pub activation: Activation,
 }
 
 impl<B: EngineBackend> Mlp<B> {
@@ -21,6 +22,10 @@ impl<B: EngineBackend> Mlp<B> {
             .forward(x)
             .try_into()
             .unwrap_or_else(|_| unreachable!("gate and up"));
-        self.down.forward(B::swiglu(gate, up))
+        let gated = match self.activation {
+            Activation::Silu => B::swiglu(gate, up),
+            Activation::GeluTanh => B::geglu(gate, up),
+        };
+        self.down.forward(gated)
     }
 }

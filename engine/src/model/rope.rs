@@ -1,25 +1,37 @@
-//! Rotary position embedding in GGUF's layout: rotated pairs are adjacent dimensions
-//! (2i, 2i+1), because llama.cpp's converter permutes the Q and K weights for it.
+//! Rotary position embedding. Llama's GGUF layout rotates adjacent dimensions (2i, 2i+1)
+//! (llama.cpp's converter permutes its Q and K weights for it); the NeoX layout (Gemma,
+//! Qwen) rotates dimension i with i + head_dim / 2. Either way angle i is
+//! `position * theta^(-2i / head_dim)`.
 
 use std::sync::Arc;
 
 use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
+use super::RopeStyle;
+
 /// Precomputed cos/sin tables for every position of the context, on the device and (for
 /// the CPU backend's in-place RoPE) on the host.
 #[derive(Debug, Clone)]
 pub struct Rope<B: Backend> {
+    style: RopeStyle,
     cos: Tensor<B, 2>,
     sin: Tensor<B, 2>,
     /// `[max_len, head_dim]`: cos and sin of each angle side by side, as the fused
-    /// kernels read them (one binding).
-    pairs: Tensor<B, 2>,
+    /// kernels read them (one binding); adjacent pairs only, which is all they run.
+    pairs: Option<Tensor<B, 2>>,
     host: Arc<(Vec<f32>, Vec<f32>)>,
 }
 
 impl<B: Backend> Rope<B> {
-    /// Tables for `max_len` positions of heads of size `head_dim` with frequency base `theta`.
-    pub fn new(head_dim: usize, max_len: usize, theta: f64, device: &B::Device) -> Self {
+    /// Tables for `max_len` positions of heads of size `head_dim` with frequency base
+    /// `theta`, rotating as `style` pairs dimensions.
+    pub fn new(
+        head_dim: usize,
+        max_len: usize,
+        theta: f64,
+        style: RopeStyle,
+        device: &B::Device,
+    ) -> Self {
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(max_len * half);
         let mut sin = Vec::with_capacity(max_len * half);
@@ -33,13 +45,22 @@ impl<B: Backend> Rope<B> {
         }
         let table =
             |v: &Vec<f32>| Tensor::from_data(TensorData::new(v.clone(), [max_len, half]), device);
-        let pairs: Vec<f32> = cos.iter().zip(&sin).flat_map(|(&c, &s)| [c, s]).collect();
+        let pairs = (style == RopeStyle::Adjacent).then(|| {
+            let pairs: Vec<f32> = cos.iter().zip(&sin).flat_map(|(&c, &s)| [c, s]).collect();
+            Tensor::from_data(TensorData::new(pairs, [max_len, 2 * half]), device)
+        });
         Self {
+            style,
             cos: table(&cos),
             sin: table(&sin),
-            pairs: Tensor::from_data(TensorData::new(pairs, [max_len, 2 * half]), device),
+            pairs,
             host: Arc::new((cos, sin)),
         }
+    }
+
+    /// How dimensions are paired.
+    pub fn style(&self) -> RopeStyle {
+        self.style
     }
 
     /// The cos and sin tables on the host, `head_dim / 2` angles per position.
@@ -47,9 +68,10 @@ impl<B: Backend> Rope<B> {
         (&self.host.0, &self.host.1)
     }
 
-    /// `[max_len, head_dim]`: cos and sin of angle `i` at columns `2 i` and `2 i + 1`.
-    pub fn pairs(&self) -> &Tensor<B, 2> {
-        &self.pairs
+    /// `[max_len, head_dim]`: cos and sin of angle `i` at columns `2 i` and `2 i + 1`
+    /// (adjacent-pair tables only).
+    pub fn pairs(&self) -> Option<&Tensor<B, 2>> {
+        self.pairs.as_ref()
     }
 
     /// Rotates `x` of shape `[rows, heads * head_dim]` whose row `r` is at `positions[r]`.
@@ -61,25 +83,44 @@ impl<B: Backend> Rope<B> {
     ) -> Tensor<B, 2> {
         let [rows, width] = x.dims();
         let half = width / heads / 2;
-        let table = |t: &Tensor<B, 2>| {
-            t.clone()
-                .select(0, positions.clone())
-                .reshape([rows, 1, half, 1])
+        let table = |t: &Tensor<B, 2>, shape: [usize; 4]| {
+            t.clone().select(0, positions.clone()).reshape(shape)
         };
-        rotate(
-            x.reshape([rows, heads, half, 2]),
-            table(&self.cos),
-            table(&self.sin),
-        )
+        match self.style {
+            RopeStyle::Adjacent => {
+                let shape = [rows, 1, half, 1];
+                rotate(
+                    x.reshape([rows, heads, half, 2]),
+                    table(&self.cos, shape),
+                    table(&self.sin, shape),
+                    3,
+                )
+            }
+            RopeStyle::Neox => {
+                let shape = [rows, 1, 1, half];
+                rotate(
+                    x.reshape([rows, heads, 2, half]),
+                    table(&self.cos, shape),
+                    table(&self.sin, shape),
+                    2,
+                )
+            }
+        }
         .reshape([rows, width])
     }
 }
 
-/// Rotates adjacent pairs (last axis) by the angles whose cos/sin broadcast against them.
-fn rotate<B: Backend>(pairs: Tensor<B, 4>, cos: Tensor<B, 4>, sin: Tensor<B, 4>) -> Tensor<B, 4> {
-    let a = pairs.clone().narrow(3, 0, 1);
-    let b = pairs.narrow(3, 1, 1);
+/// Rotates the pairs that axis `axis` (of size 2) holds by the angles whose cos/sin
+/// broadcast against them.
+fn rotate<B: Backend>(
+    pairs: Tensor<B, 4>,
+    cos: Tensor<B, 4>,
+    sin: Tensor<B, 4>,
+    axis: usize,
+) -> Tensor<B, 4> {
+    let a = pairs.clone().narrow(axis, 0, 1);
+    let b = pairs.narrow(axis, 1, 1);
     let ra = a.clone().mul(cos.clone()).sub(b.clone().mul(sin.clone()));
     let rb = a.mul(sin).add(b.mul(cos));
-    Tensor::cat(vec![ra, rb], 3)
+    Tensor::cat(vec![ra, rb], axis)
 }

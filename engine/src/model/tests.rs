@@ -7,13 +7,15 @@ use crate::gguf::{GgufFile, GgufWriter, Value};
 
 #[test]
 fn other_architectures_are_refused_by_name() {
+    assert_eq!(ARCHITECTURES, ["llama", "gemma3"]);
     let bytes = GgufWriter::new(3)
         .meta("general.architecture", Value::String("gpt2".into()))
         .build();
     let file = GgufFile::parse(&bytes).unwrap();
-    let err = LlamaConfig::from_gguf(&file).unwrap_err();
+    let err = config_from_gguf(&file).unwrap_err();
     assert!(matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "gpt2"));
     assert!(err.to_string().contains("gpt2"));
+    assert!(err.to_string().contains("llama, gemma3"), "{err}");
 }
 
 #[test]
@@ -31,11 +33,49 @@ fn config_comes_from_metadata() {
         .meta("llama.rope.freq_base", Value::F32(5e5))
         .meta("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-6))
         .build();
-    let c = LlamaConfig::from_gguf(&GgufFile::parse(&bytes).unwrap()).unwrap();
+    let c = config_from_gguf(&GgufFile::parse(&bytes).unwrap()).unwrap();
     assert_eq!(
         (c.vocab_size, c.d_model, c.n_layers, c.n_heads, c.n_kv_heads),
         (100, 64, 3, 8, 2)
     );
-    assert_eq!((c.d_ff, c.max_seq_len, c.rope_theta), (128, 256, 5e5));
+    assert_eq!(
+        (c.d_ff, c.max_seq_len, c.layers[2].rope_theta),
+        (128, 256, 5e5)
+    );
     assert!(c.tied_embeddings);
+}
+
+#[test]
+fn gemma3_config_windows_five_layers_of_six() {
+    let u = |v: u32| Value::U32(v);
+    let bytes = GgufWriter::new(3)
+        .meta("general.architecture", Value::String("gemma3".into()))
+        .meta("gemma3.vocab_size", u(100))
+        .meta("gemma3.embedding_length", u(64))
+        .meta("gemma3.block_count", u(12))
+        .meta("gemma3.attention.head_count", u(4))
+        .meta("gemma3.attention.head_count_kv", u(1))
+        .meta("gemma3.attention.key_length", u(32))
+        .meta("gemma3.attention.value_length", u(32))
+        .meta("gemma3.feed_forward_length", u(128))
+        .meta("gemma3.context_length", u(256))
+        .meta("gemma3.rope.freq_base", Value::F32(1e6))
+        .meta("gemma3.attention.sliding_window", u(16))
+        .meta("gemma3.attention.layer_norm_rms_epsilon", Value::F32(1e-6))
+        .build();
+    let c = config_from_gguf(&GgufFile::parse(&bytes).unwrap()).unwrap();
+    assert_eq!((c.head_dim, c.q_width()), (32, 128));
+    assert_eq!(c.embed_scale, Some(8.0));
+    assert!(c.qk_norm && c.post_norms);
+    assert_eq!(
+        (c.rope_style, c.activation),
+        (RopeStyle::Neox, Activation::GeluTanh)
+    );
+    let full: Vec<usize> = (0..12).filter(|&i| c.layers[i].window.is_none()).collect();
+    assert_eq!(full, [5, 11]);
+    assert!(c.layers.iter().all(|l| match l.window {
+        Some(w) => w == 16 && l.rope_theta == 10000.0,
+        None => l.rope_theta == 1e6,
+    }));
+    assert_eq!(c.rope_thetas(), [10000.0, 1e6]);
 }

@@ -23,6 +23,12 @@ pub trait QuantOps: Backend {
         false
     }
 
+    /// The largest buffer `device` holds in one piece (`None`: no limit that matters);
+    /// larger weights are loaded as bands of rows.
+    fn max_buffer_bytes(_device: &Self::Device) -> Option<usize> {
+        None
+    }
+
     /// `x @ W^T` for `x` `[tokens, w.cols]`: `[tokens, w.rows]`.
     fn quant_matmul(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
         reference_matmul(x, w)
@@ -183,6 +189,13 @@ where
     fn has_quant_kernels() -> bool {
         // The kernels read FP32 activations and 32-bit words.
         FloatElem::<Self>::dtype() == DType::F32 && I::dtype().size() == 4
+    }
+
+    /// The storage binding limit (cubecl's largest memory page): 128 MiB on lavapipe and
+    /// by default in browsers.
+    fn max_buffer_bytes(device: &Self::Device) -> Option<usize> {
+        let page = R::client(device).properties().memory.max_page_size;
+        Some(usize::try_from(page).unwrap_or(usize::MAX))
     }
 
     fn quant_matmul(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {

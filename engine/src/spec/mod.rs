@@ -23,7 +23,7 @@ pub use self_draft::SelfDraft;
 pub use verify::{sampler_chain, verify, Verdict};
 
 use crate::kv::{PagedKv, SeqId};
-use crate::model::{LlamaConfig, LlamaModel};
+use crate::model::{Model, ModelConfig};
 use crate::EngineBackend;
 
 /// Which proposer drafts tokens.
@@ -93,14 +93,14 @@ pub trait Proposer<B: EngineBackend>: Send {
     /// every sequence's cache as it found it.
     fn propose(
         &mut self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         kv: &mut PagedKv<B>,
         requests: &[DraftRequest<'_>],
     ) -> Vec<Vec<u32>>;
 
     /// What drafting one token costs, as a fraction of a one-token forward pass of a model
     /// with `config` (the acceptance rate below which drafting does not pay).
-    fn draft_cost(&self, config: &LlamaConfig) -> f32;
+    fn draft_cost(&self, config: &ModelConfig) -> f32;
 }
 
 /// Counters of speculation since the engine started.

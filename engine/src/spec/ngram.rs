@@ -2,7 +2,7 @@
 
 use super::{DraftRequest, Proposer};
 use crate::kv::PagedKv;
-use crate::model::{LlamaConfig, LlamaModel};
+use crate::model::{Model, ModelConfig};
 use crate::EngineBackend;
 
 /// Matches the last tokens against the earlier ones and drafts what followed a match: of
@@ -61,7 +61,7 @@ impl NgramProposer {
 impl<B: EngineBackend> Proposer<B> for NgramProposer {
     fn propose(
         &mut self,
-        _model: &LlamaModel<B>,
+        _model: &Model<B>,
         _kv: &mut PagedKv<B>,
         requests: &[DraftRequest<'_>],
     ) -> Vec<Vec<u32>> {
@@ -72,7 +72,7 @@ impl<B: EngineBackend> Proposer<B> for NgramProposer {
     }
 
     /// A search of the request's own tokens: nothing beside the pass.
-    fn draft_cost(&self, _config: &LlamaConfig) -> f32 {
+    fn draft_cost(&self, _config: &ModelConfig) -> f32 {
         0.0
     }
 }

@@ -2,7 +2,7 @@
 
 use super::{DraftRequest, Proposer};
 use crate::kv::PagedKv;
-use crate::model::{LlamaConfig, LlamaModel, SeqTokens};
+use crate::model::{Model, ModelConfig, SeqTokens};
 use crate::sampling::argmax_rows;
 use crate::EngineBackend;
 
@@ -18,7 +18,7 @@ pub struct SelfDraft {
 impl<B: EngineBackend> Proposer<B> for SelfDraft {
     fn propose(
         &mut self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         kv: &mut PagedKv<B>,
         requests: &[DraftRequest<'_>],
     ) -> Vec<Vec<u32>> {
@@ -69,7 +69,7 @@ impl<B: EngineBackend> Proposer<B> for SelfDraft {
 
     /// The draft's layers and the output layer, against the whole model's: weights read
     /// and multiplied per token.
-    fn draft_cost(&self, config: &LlamaConfig) -> f32 {
+    fn draft_cost(&self, config: &ModelConfig) -> f32 {
         let layer = config.layer_weights() as f32;
         let head = config.head_weights() as f32;
         let layers = self.layers.min(config.n_layers) as f32;

@@ -1,7 +1,7 @@
 //! Proposers, the acceptance rule and the per-request switch.
 
 use super::*;
-use crate::model::LlamaConfig;
+use crate::model::ModelConfig;
 use crate::sampling::{Sampler, SamplingParams};
 
 #[test]
@@ -245,18 +245,7 @@ fn a_drafted_row_costs_more_of_a_bigger_batch() {
 
 #[test]
 fn the_self_draft_costs_its_share_of_the_weights() {
-    let config = LlamaConfig {
-        vocab_size: 49152,
-        d_model: 576,
-        n_layers: 30,
-        n_heads: 9,
-        n_kv_heads: 3,
-        d_ff: 1536,
-        max_seq_len: 8192,
-        rope_theta: 10000.0,
-        rms_eps: 1e-5,
-        tied_embeddings: true,
-    };
+    let config = ModelConfig::new(49152, 576, 30, 9, 3, 1536, 8192);
     type B = crate::CpuBackend;
     let cost = |layers| <SelfDraft as Proposer<B>>::draft_cost(&SelfDraft { layers }, &config);
     // A layer multiplies by 3.54 M weights, the output layer by 28.3 M (8 layers' worth).

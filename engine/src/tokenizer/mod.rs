@@ -1,8 +1,10 @@
 //! Tokenizer built from GGUF metadata (`tokenizer.ggml.*`): byte-level BPE with the
-//! model's pre-tokenizer, special tokens, streaming-safe decoding and the chat template.
+//! model's pre-tokenizer (`gpt2`) or SentencePiece-style merges by score (`llama`),
+//! special tokens, streaming-safe decoding and the chat template.
 
 mod byte_level;
 mod chat;
+mod spm;
 mod stream;
 
 use thiserror::Error;
@@ -15,19 +17,20 @@ use tokenizers::AddedToken;
 use crate::gguf::{GgufError, GgufFile};
 pub use byte_level::{byte_to_char, ByteDecoder};
 pub use chat::{ChatMessage, ChatTemplate};
+use spm::{types, Spm};
 pub use stream::TextStream;
 
-/// GGUF token type of control tokens such as `<|im_start|>`.
-const TOKEN_TYPE_CONTROL: i64 = 3;
-/// GGUF token type of user-defined added tokens.
-const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+/// The tokenizer models Fornax reads (`tokenizer.ggml.model`).
+pub const TOKENIZER_MODELS: [&str; 2] = ["gpt2", "llama"];
 
 /// Errors building or using the tokenizer.
 #[derive(Debug, Error)]
 pub enum TokenizerError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported tokenizer model {0:?} (supported: gpt2 byte-level BPE)")]
+    #[error(
+        "unsupported tokenizer model {0:?} (supported: gpt2 byte-level BPE, llama SentencePiece)"
+    )]
     UnsupportedModel(String),
     #[error("unsupported pre-tokenizer {0:?}")]
     UnsupportedPre(String),
@@ -43,12 +46,22 @@ pub enum TokenizerError {
     Template(#[from] minijinja::Error),
 }
 
+/// How text becomes ids.
+enum Encoder {
+    /// Byte-level BPE (`gpt2`).
+    Bpe {
+        /// Treats special-token text as special tokens.
+        special: Box<tokenizers::Tokenizer>,
+        /// Encodes special-token text as ordinary text.
+        plain: Box<tokenizers::Tokenizer>,
+    },
+    /// SentencePiece-style merges by score (`llama`).
+    Spm(Spm),
+}
+
 /// The model's tokenizer.
 pub struct Tokenizer {
-    /// Treats special-token text as special tokens.
-    special: tokenizers::Tokenizer,
-    /// Encodes special-token text as ordinary text.
-    plain: tokenizers::Tokenizer,
+    encoder: Encoder,
     token_bytes: Vec<Vec<u8>>,
     token_is_control: Vec<bool>,
     /// Beginning-of-sequence token id.
@@ -87,13 +100,9 @@ impl Tokenizer {
     /// Builds the tokenizer from the file's metadata.
     pub fn from_gguf(file: &GgufFile<'_>) -> Result<Self, TokenizerError> {
         let model = file.str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
+        if !TOKENIZER_MODELS.contains(&model) {
             return Err(TokenizerError::UnsupportedModel(model.to_string()));
         }
-        let pre = file
-            .get("tokenizer.ggml.pre")
-            .and_then(|v| v.as_str())
-            .unwrap_or("default");
         let tokens: Vec<&str> = file
             .array("tokenizer.ggml.tokens")?
             .iter()
@@ -107,9 +116,9 @@ impl Tokenizer {
                 .as_array()
                 .ok_or_else(|| TokenizerError::Malformed("token_type is not an array".into()))?
                 .iter()
-                .map(|t| t.as_i64().unwrap_or(1))
+                .map(|t| t.as_i64().unwrap_or(types::NORMAL))
                 .collect(),
-            None => vec![1; tokens.len()],
+            None => vec![types::NORMAL; tokens.len()],
         };
         if types.len() != tokens.len() {
             return Err(TokenizerError::Malformed(format!(
@@ -118,53 +127,35 @@ impl Tokenizer {
                 types.len()
             )));
         }
-        let merges = file
-            .array("tokenizer.ggml.merges")?
-            .iter()
-            .map(|m| {
-                m.as_str()
-                    .and_then(|s| s.split_once(' '))
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| TokenizerError::Malformed(format!("bad merge {m:?}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-
-        let vocab: ahash::AHashMap<String, u32> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.to_string(), i as u32))
-            .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| TokenizerError::Malformed(e.to_string()))?;
-        let mut special = tokenizers::Tokenizer::new(bpe);
-        special.with_pre_tokenizer(Some(Sequence::new(pre_tokenizer(pre)?)));
-        let added: Vec<AddedToken> = tokens
-            .iter()
-            .zip(&types)
-            .filter(|(_, &t)| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
-            .map(|(tok, &t)| AddedToken::from(tok.to_string(), t == TOKEN_TYPE_CONTROL))
-            .collect();
-        special.add_special_tokens(&added);
-        let mut plain = special.clone();
-        plain.set_encode_special_tokens(true);
-
-        let bytes = ByteDecoder::new();
-        let token_is_control: Vec<bool> = types.iter().map(|&t| t == TOKEN_TYPE_CONTROL).collect();
-        let token_bytes = tokens
-            .iter()
-            .zip(&token_is_control)
-            .map(|(t, &control)| {
-                if control {
-                    t.as_bytes().to_vec()
-                } else {
-                    bytes.token_bytes(t)
-                }
-            })
-            .collect();
-
         let id = |key: &str| file.get(key).and_then(|v| v.as_u64()).map(|v| v as u32);
+        let token_is_control: Vec<bool> = types.iter().map(|&t| t == types::CONTROL).collect();
+        let (encoder, token_bytes) = match model {
+            "gpt2" => bpe(file, &tokens, &types)?,
+            _ => {
+                let scores: Vec<f32> = match file.get("tokenizer.ggml.scores") {
+                    Some(v) => v
+                        .as_array()
+                        .ok_or_else(|| TokenizerError::Malformed("scores is not an array".into()))?
+                        .iter()
+                        .map(|s| s.as_f64().unwrap_or(0.0) as f32)
+                        .collect(),
+                    None => vec![0.0; tokens.len()],
+                };
+                let unknown = id("tokenizer.ggml.unknown_token_id");
+                let bytes = tokens
+                    .iter()
+                    .zip(&types)
+                    .map(|(t, &ty)| spm::token_bytes(t, ty))
+                    .collect();
+                let space_prefix = file
+                    .get("tokenizer.ggml.add_space_prefix")
+                    .and_then(|v| v.as_bool())
+                    .unwrap_or(true);
+                let spm = Spm::new(&tokens, &scores, &types, unknown, space_prefix);
+                (Encoder::Spm(spm), bytes)
+            }
+        };
+
         let bos_id = id("tokenizer.ggml.bos_token_id");
         let eos_id = id("tokenizer.ggml.eos_token_id");
         let name = |id: Option<u32>| {
@@ -177,8 +168,7 @@ impl Tokenizer {
             .and_then(|v| v.as_str())
             .map(|src| ChatTemplate::new(src.to_string(), name(bos_id), name(eos_id)));
         Ok(Self {
-            special,
-            plain,
+            encoder,
             token_bytes,
             token_is_control,
             bos_id,
@@ -199,14 +189,34 @@ impl Tokenizer {
     /// Encodes text; with `parse_special`, special-token text such as `<|im_start|>`
     /// becomes its single token, otherwise it is encoded as ordinary text.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
-        let tok = if parse_special {
-            &self.special
-        } else {
-            &self.plain
+        let (special, plain) = match &self.encoder {
+            Encoder::Spm(spm) => return Ok(spm.encode(text, parse_special)),
+            Encoder::Bpe { special, plain } => (special, plain),
         };
+        let tok = if parse_special { special } else { plain };
         tok.encode(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+
+    /// `ids` as a prompt the model expects: BOS first where the file asks for one
+    /// (`tokenizer.ggml.add_bos_token`) and the ids do not already start with it.
+    pub fn with_bos(&self, mut ids: Vec<u32>) -> Vec<u32> {
+        if let Some(bos) = self.bos_id.filter(|_| self.add_bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        ids
+    }
+
+    /// [`Self::encode`] as a prompt: BOS first where the file asks for one.
+    pub fn encode_prompt(
+        &self,
+        text: &str,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        Ok(self.with_bos(self.encode(text, parse_special)?))
     }
 
     /// The raw bytes a token stands for (special tokens give their text).
@@ -227,7 +237,10 @@ impl Tokenizer {
 
     /// The id of a token given its exact vocabulary text, if any.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.special.token_to_id(text)
+        match &self.encoder {
+            Encoder::Bpe { special, .. } => special.token_to_id(text),
+            Encoder::Spm(spm) => spm.token_id(text),
+        }
     }
 
     /// Decodes ids to text (invalid UTF-8 becomes U+FFFD).
@@ -246,21 +259,78 @@ impl Tokenizer {
             .ok_or(TokenizerError::NoChatTemplate)
     }
 
-    /// Renders a conversation with the chat template and encodes it (special tokens parsed).
+    /// Renders a conversation with the chat template and encodes it (special tokens
+    /// parsed), BOS first where the file asks for one and the template did not write it.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
         let text = self.chat_template()?.render(messages, true)?;
-        self.encode(&text, true)
+        self.encode_prompt(&text, true)
     }
 
-    /// Tokens that end a generation: end of sequence, end of turn (`<|im_end|>`) and end
-    /// of text, those the vocabulary has, each once.
+    /// Tokens that end a generation: end of sequence, end of turn (`<|im_end|>`,
+    /// `<end_of_turn>`) and end of text, those the vocabulary has, each once.
     pub fn stop_ids(&self) -> Vec<u32> {
         let mut ids: Vec<u32> = self.eos_id.into_iter().collect();
-        for text in ["<|im_end|>", "<|endoftext|>"] {
+        for text in ["<|im_end|>", "<end_of_turn>", "<|endoftext|>"] {
             if let Some(id) = self.token_id(text).filter(|id| !ids.contains(id)) {
                 ids.push(id);
             }
         }
         ids
     }
+}
+
+/// The byte-level BPE encoder of a `gpt2` vocabulary and each token's bytes.
+fn bpe(
+    file: &GgufFile<'_>,
+    tokens: &[&str],
+    types: &[i64],
+) -> Result<(Encoder, Vec<Vec<u8>>), TokenizerError> {
+    let pre = file
+        .get("tokenizer.ggml.pre")
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
+    let merges = file
+        .array("tokenizer.ggml.merges")?
+        .iter()
+        .map(|m| {
+            m.as_str()
+                .and_then(|s| s.split_once(' '))
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| TokenizerError::Malformed(format!("bad merge {m:?}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let vocab: ahash::AHashMap<String, u32> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), i as u32))
+        .collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| TokenizerError::Malformed(e.to_string()))?;
+    let mut special = tokenizers::Tokenizer::new(bpe);
+    special.with_pre_tokenizer(Some(Sequence::new(pre_tokenizer(pre)?)));
+    let added: Vec<AddedToken> = tokens
+        .iter()
+        .zip(types)
+        .filter(|(_, &t)| t == types::CONTROL || t == types::USER_DEFINED)
+        .map(|(tok, &t)| AddedToken::from(tok.to_string(), t == types::CONTROL))
+        .collect();
+    special.add_special_tokens(&added);
+    let mut plain = special.clone();
+    plain.set_encode_special_tokens(true);
+    let bytes = ByteDecoder::new();
+    let token_bytes = tokens
+        .iter()
+        .zip(types)
+        .map(|(t, &ty)| match ty == types::CONTROL {
+            true => t.as_bytes().to_vec(),
+            false => bytes.token_bytes(t),
+        })
+        .collect();
+    let encoder = Encoder::Bpe {
+        special: Box::new(special),
+        plain: Box::new(plain),
+    };
+    Ok((encoder, token_bytes))
 }

@@ -2,7 +2,7 @@
 
 use crate::common::model_file;
 use fornax_engine::gguf::{GgufError, GgufFile};
-use fornax_engine::model::{LlamaConfig, ModelError};
+use fornax_engine::model::{config_from_gguf, ModelError};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 fn header_len(bytes: &[u8]) -> usize {
@@ -90,7 +90,7 @@ fn other_architecture_is_named() {
     assert_eq!(&bytes[at + 12..at + 17], b"llama");
     bytes[at + 12..at + 17].copy_from_slice(b"gemma");
     let file = GgufFile::parse(&bytes).unwrap();
-    let err = LlamaConfig::from_gguf(&file).unwrap_err();
+    let err = config_from_gguf(&file).unwrap_err();
     assert!(
         matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "gemma"),
         "{err}"

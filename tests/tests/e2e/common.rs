@@ -8,7 +8,7 @@ use fornax::model_file::ModelFile;
 use fornax_backends::{BackendError, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
-use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
+use fornax_engine::model::{LoadOptions, Logits, Model};
 use fornax_engine::sampling::argmax;
 use fornax_engine::score::{perplexity, token_logprobs};
 use fornax_engine::seq_cache::{PagedSeq, SeqCache};
@@ -59,6 +59,18 @@ pub fn model_file() -> &'static ModelFile {
     FILE.get_or_init(|| {
         let path = fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}"))
             .expect("default model");
+        ModelFile::open(&path).expect("open model")
+    })
+}
+
+/// The Gemma 3 270M file (alias `gemma3-270m`), fetched once per test process if missing.
+pub fn gemma_file() -> &'static ModelFile {
+    static FILE: OnceLock<ModelFile> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let alias = fornax::model_store::alias("gemma3-270m").expect("the gemma3-270m alias");
+        let path = alias
+            .ensure(&mut |s| eprintln!("{s}"))
+            .expect("Gemma 3 model");
         ModelFile::open(&path).expect("open model")
     })
 }
@@ -168,7 +180,7 @@ impl BackendTask for CheckTask {
         info: DeviceInfo,
     ) -> Self::Output {
         let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
-        let model = LlamaModel::<B>::from_gguf_with(&gguf, &device, self.options, &mut |_, _| {})
+        let model = Model::<B>::from_gguf_with(&gguf, &device, self.options, &mut |_, _| {})
             .map_err(|e| e.to_string())?;
         let quantized = model.matrices().filter(|m| m.is_quantized()).count();
         let prompts: Prompts = read_reference("prompts.json");
@@ -268,7 +280,7 @@ impl BackendTask for PrefixLogprobs {
     fn run<B: fornax_engine::EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Vec<f32> {
         let gguf = GgufFile::parse(model_file().bytes()).expect("model");
         let model =
-            LlamaModel::<B>::from_gguf_with(&gguf, &device, self.1, &mut |_, _| {}).expect("model");
+            Model::<B>::from_gguf_with(&gguf, &device, self.1, &mut |_, _| {}).expect("model");
         let reference: Perplexity = read_reference("perplexity.json");
         let ids = &reference.ids[..self.0.min(reference.ids.len())];
         token_logprobs(&model, ids, 256).expect("scores")
@@ -298,7 +310,7 @@ pub fn run_check_with(kind: BackendKind, check: Check, options: LoadOptions, min
 /// Greedy decoding of `n` tokens after `prompt` over `cache`, with the top-1 minus top-2
 /// logit margin of each step.
 pub fn greedy_steps<B: fornax_engine::EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     cache: &mut impl SeqCache<B>,
     prompt: &[u32],
     n: usize,

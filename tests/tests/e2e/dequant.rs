@@ -63,7 +63,7 @@ fn dequantized_values_match_reference() {
 #[test]
 fn largest_weight_follows_what_the_backend_keeps_quantized() {
     use fornax_backends::{CpuBackend, WgpuBackend};
-    use fornax_engine::model::{LlamaModel, LoadOptions};
+    use fornax_engine::model::{LoadOptions, Model};
 
     let file = GgufFile::parse(model_file().bytes()).unwrap();
     let embd = file.tensor("token_embd.weight").unwrap();
@@ -72,9 +72,9 @@ fn largest_weight_follows_what_the_backend_keeps_quantized() {
     // wgpu and the CPU backend keep the blocks: the embedding (Q8_0 in this file) takes
     // its file size, 34 bytes per 32 values.
     let quant = LoadOptions::default();
-    let wgpu = LlamaModel::<WgpuBackend>::largest_weight(&file, quant).unwrap();
+    let wgpu = Model::<WgpuBackend>::largest_weight(&file, quant).unwrap();
     assert_eq!(wgpu, ("token_embd.weight".to_string(), embd.size));
-    let cpu = LlamaModel::<CpuBackend>::largest_weight(&file, quant).unwrap();
+    let cpu = Model::<CpuBackend>::largest_weight(&file, quant).unwrap();
     assert_eq!(cpu, ("token_embd.weight".to_string(), embd.size));
     assert_eq!(format!("{:?}", embd.ggml_type), "Q8_0");
     assert_eq!(embd.size, 49152 * 576 / 32 * 34);
@@ -84,8 +84,8 @@ fn largest_weight_follows_what_the_backend_keeps_quantized() {
         dequantize: true,
         ..LoadOptions::default()
     };
-    let wgpu_f32 = LlamaModel::<WgpuBackend>::largest_weight(&file, dequantize).unwrap();
+    let wgpu_f32 = Model::<WgpuBackend>::largest_weight(&file, dequantize).unwrap();
     assert_eq!(wgpu_f32.1, fp32);
-    let cpu_f32 = LlamaModel::<CpuBackend>::largest_weight(&file, dequantize).unwrap();
+    let cpu_f32 = Model::<CpuBackend>::largest_weight(&file, dequantize).unwrap();
     assert_eq!(cpu_f32.1, fp32);
 }

@@ -6,7 +6,7 @@ use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::device_counts::{counted, DeviceCounts};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
-use fornax_engine::model::{LlamaModel, LoadOptions, Logits, SeqTokens};
+use fornax_engine::model::{LoadOptions, Logits, Model, SeqTokens};
 use fornax_engine::sampling::{argmax, argmax_rows};
 use fornax_engine::EngineBackend;
 
@@ -36,7 +36,7 @@ impl BackendTask for DecodeSteps {
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
         let gguf = GgufFile::parse(model_file().bytes()).expect("model");
-        let model = LlamaModel::<B>::from_gguf_with(&gguf, &device, self.options, &mut |_, _| {})
+        let model = Model::<B>::from_gguf_with(&gguf, &device, self.options, &mut |_, _| {})
             .expect("model");
         let capacity = KvCapacity::f32_only(2 * self.batch);
         let mut kv = model.new_paged_cache(capacity, TierPolicy::ALL_F32);

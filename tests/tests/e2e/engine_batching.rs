@@ -6,7 +6,7 @@ use crate::common::{model_file, read_reference, run_on, Perplexity, Prompts};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{ElasticWindow, PolicyKind, RequestId, SchedulerConfig};
 use fornax_engine::score::{perplexity, token_logprobs_in};
@@ -35,7 +35,7 @@ impl BackendTask for Batching {
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) {
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let prompts = prompts();
         let max_tokens: Vec<usize> = (0..prompts.len()).map(|i| 5 + 4 * i).collect();
 
@@ -165,7 +165,7 @@ impl BackendTask for SharedPrefix {
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) {
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let text: Perplexity = read_reference("perplexity.json");
         let refs: Prompts = read_reference("prompts.json");
         let prompts: Vec<Vec<u32>> = refs
@@ -242,7 +242,7 @@ impl BackendTask for Threaded {
         use tokio::sync::mpsc::unbounded_channel;
 
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let prompts = prompts();
         let request = |i: usize, max_tokens: usize| Request {
             prompt: prompts[i].clone(),
@@ -348,7 +348,7 @@ impl BackendTask for CopyOnWrite {
         use fornax_engine::model::{Logits, SeqTokens};
         use fornax_engine::{logits_to_vec, prefill};
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let text: Perplexity = read_reference("perplexity.json");
         let prefix = &text.ids[..40];
         let next = [text.ids[40], text.ids[1000]];
@@ -417,7 +417,7 @@ impl BackendTask for Window {
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) {
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let text: Perplexity = read_reference("perplexity.json");
 
         let ids = &text.ids[..512];

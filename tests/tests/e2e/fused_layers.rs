@@ -10,7 +10,7 @@ use burn_tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
 use fornax_backends::{wgpu_device, BackendKind, BackendTask, DeviceInfo, WgpuBackend};
 use fornax_engine::gguf::{GgmlType, GgufFile};
 use fornax_engine::kv::{KvCapacity, TierPolicy};
-use fornax_engine::model::{LlamaModel, LoadOptions, Logits, Rope};
+use fornax_engine::model::{LoadOptions, Logits, Model, Rope, RopeStyle};
 use fornax_engine::quant::format_code;
 use fornax_engine::seq_cache::{PagedSeq, SeqCache};
 use fornax_engine::{logits_to_vec, prefill_logits, EngineBackend};
@@ -141,7 +141,7 @@ fn rope_kv_epilogue_matches_separate_operations() {
     let device = wgpu_device().expect("a wgpu adapter").0;
     let (heads, kv_heads, head_dim, slots) = (3, 1, 16, 64);
     let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
-    let rope = Rope::<B>::new(head_dim, 512, 10_000.0, &device);
+    let rope = Rope::<B>::new(head_dim, 512, 10_000.0, RopeStyle::Adjacent, &device);
     let c = case(GgmlType::Q4_1, q_width + 2 * kv_width, 96, 60);
     for tokens in TOKENS {
         let x = Tensor::<B, 2>::random([tokens, c.cols], Distribution::Uniform(-1.0, 1.0), &device);
@@ -170,7 +170,7 @@ fn rope_kv_epilogue_matches_separate_operations() {
                 keys: float(keys.clone()),
                 values: float(values.clone()),
                 info: ints(info.clone()).into_primitive(),
-                table: float(rope.pairs().clone()),
+                table: float(rope.pairs().unwrap().clone()),
                 q_width,
                 kv_width,
                 head_dim,
@@ -216,7 +216,7 @@ impl BackendTask for FusedAgainstReference {
                 reference_ops,
                 ..LoadOptions::default()
             };
-            LlamaModel::<Bk>::from_gguf_with(&gguf, &device, options, &mut |_, _| {}).unwrap()
+            Model::<Bk>::from_gguf_with(&gguf, &device, options, &mut |_, _| {}).unwrap()
         };
         let (fused, reference) = (load(false), load(true));
         let layers = fused.config.n_layers;

@@ -9,7 +9,7 @@ use crate::common::{model_file, read_reference, run_on, Perplexity};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{HostStats, HostTier, KvCapacity, Tier, TierPolicy};
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{PolicyKind, RequestId, SchedulerConfig};
 use fornax_engine::{generate, Engine, EngineBackend, Event, GenerateParams, Request};
@@ -69,7 +69,7 @@ impl BackendTask for Pressure {
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let mut kv =
             model.new_paged_cache(KvCapacity::f32_only(self.pool_blocks), TierPolicy::ALL_F32);
         if self.host_blocks > 0 {
@@ -135,7 +135,7 @@ impl BackendTask for Alone {
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let params = GenerateParams {
             max_tokens: MAX_TOKENS,
             ..GenerateParams::default()

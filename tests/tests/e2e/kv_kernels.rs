@@ -27,6 +27,7 @@ const SHAPE: AttentionShape = AttentionShape {
     n_kv_heads: N_KV,
     head_dim: HD,
     max_blocks: 0,
+    window: None,
 };
 
 /// One sequence filled with random keys and values, kept on the host as well.

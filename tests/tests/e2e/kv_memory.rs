@@ -8,7 +8,7 @@ use burn_tensor::Tensor;
 use fornax_backends::{run_on, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, KvDims, PagedKv, Tier, TierPolicy};
-use fornax_engine::model::{LlamaConfig, LlamaModel, LoadOptions, Logits, SeqTokens};
+use fornax_engine::model::{LoadOptions, Logits, Model, ModelConfig, SeqTokens};
 use fornax_engine::sampling::{argmax, argmax_rows};
 use fornax_engine::{logits_to_vec, DeviceMemory, EngineBackend};
 
@@ -21,8 +21,8 @@ impl BackendTask for DecodeSteps {
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) {
         B::seed(&device, 3);
-        let config = LlamaConfig::new(256, 128, 2, 4, 2, 256, 512);
-        let model = LlamaModel::<B>::random(config, &device);
+        let config = ModelConfig::new(256, 128, 2, 4, 2, 256, 512);
+        let model = Model::<B>::random(config, &device);
         let policy = TierPolicy {
             recent: Some(32),
             int8_after: Some(96),
@@ -45,7 +45,7 @@ impl BackendTask for DecodeSteps {
 /// Two sequences prefilled with `prompts`, then 110 decode steps, each token chosen by
 /// `pick` from the step's logits: the allocator's figures after each step.
 fn decode_steps<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     kv: &mut PagedKv<B>,
     prompts: [&[u32]; 2],
     pick: impl Fn(Tensor<B, 2>) -> Vec<u32>,
@@ -92,7 +92,7 @@ impl BackendTask for FusedDecodeSteps {
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) {
         let gguf = GgufFile::parse(model_file().bytes()).expect("model");
         let model =
-            LlamaModel::<B>::from_gguf_with(&gguf, &device, LoadOptions::default(), &mut |_, _| {})
+            Model::<B>::from_gguf_with(&gguf, &device, LoadOptions::default(), &mut |_, _| {})
                 .expect("model");
         assert_eq!(
             model.matrices().count(),

@@ -12,6 +12,7 @@ mod device_counts;
 mod device_sampling;
 mod engine_batching;
 mod fused_layers;
+mod gemma3;
 mod host_tier;
 mod kv_kernels;
 mod kv_memory;

@@ -10,7 +10,7 @@ use crate::common::{
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
-use fornax_engine::model::{LlamaModel, LoadOptions};
+use fornax_engine::model::{LoadOptions, Model};
 use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::EngineBackend;
@@ -25,18 +25,14 @@ struct TierRuns {
     policies: Vec<(&'static str, TierPolicy, usize)>,
 }
 
-fn pool(model: &LlamaModel<impl EngineBackend>, policy: TierPolicy) -> KvCapacity {
+fn pool(model: &Model<impl EngineBackend>, policy: TierPolicy) -> KvCapacity {
     KvCapacity::from_budget(64 << 20, model.kv_dims(), policy, 1, 256)
 }
 
 /// The real model on `device`, loaded by `options`.
-fn load<B: EngineBackend>(
-    device: &B::Device,
-    options: LoadOptions,
-) -> Result<LlamaModel<B>, String> {
+fn load<B: EngineBackend>(device: &B::Device, options: LoadOptions) -> Result<Model<B>, String> {
     let gguf = GgufFile::parse(model_file().bytes()).map_err(|e| e.to_string())?;
-    LlamaModel::<B>::from_gguf_with(&gguf, device, options, &mut |_, _| {})
-        .map_err(|e| e.to_string())
+    Model::<B>::from_gguf_with(&gguf, device, options, &mut |_, _| {}).map_err(|e| e.to_string())
 }
 
 impl BackendTask for TierRuns {

@@ -61,7 +61,7 @@ fn quantized_weights_match_f32_weights() {
     use crate::common::{model_file, read_reference, Prompts};
     use fornax_backends::{BackendTask, DeviceInfo};
     use fornax_engine::gguf::GgufFile;
-    use fornax_engine::model::{LlamaModel, LoadOptions};
+    use fornax_engine::model::{LoadOptions, Model};
     use fornax_engine::{prefill, EngineBackend};
 
     struct Compare;
@@ -71,7 +71,7 @@ fn quantized_weights_match_f32_weights() {
             let file = model_file().bytes();
             let gguf = GgufFile::parse(file).unwrap();
             let load = |dequantize| {
-                LlamaModel::<B>::from_gguf_with(
+                Model::<B>::from_gguf_with(
                     &gguf,
                     &device,
                     LoadOptions {

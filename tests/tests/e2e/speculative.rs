@@ -7,7 +7,7 @@ use crate::common::{model_file, read_reference, run_on, Perplexity, Prompts};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, KvStats, TierPolicy};
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::prefix::PrefixStats;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{PolicyKind, RequestId, SchedulerConfig};
@@ -47,7 +47,7 @@ struct Served {
 }
 
 fn serve<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     prompts: &[Vec<u32>],
     sampling: impl Fn(usize) -> SamplingParams,
     slots: [usize; 3],
@@ -110,7 +110,7 @@ impl BackendTask for Greedy {
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) {
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let prompts = prompts();
         let params = GenerateParams {
             max_tokens: MAX_TOKENS,
@@ -182,7 +182,7 @@ impl BackendTask for Seeded {
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) {
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let model = LlamaModel::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let prompts = prompts();
         let sampling = |i: usize| SamplingParams {
             temperature: 0.7,

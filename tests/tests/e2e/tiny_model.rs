@@ -6,14 +6,14 @@ use burn_tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
 use fornax_backends::CpuBackend as B;
 use fornax_engine::logits_to_vec;
 use fornax_engine::model::{
-    reference_rms_norm, LayerOps, LlamaConfig, LlamaModel, Logits, ModelError, RmsNorm, Rope,
+    reference_rms_norm, LayerOps, Logits, Model, ModelConfig, ModelError, RmsNorm, Rope, RopeStyle,
     SeqTokens,
 };
 
-fn tiny() -> LlamaModel<B> {
+fn tiny() -> Model<B> {
     B::seed(&Default::default(), 7);
-    let config = LlamaConfig::new(64, 48, 2, 6, 2, 96, 64);
-    LlamaModel::random(config, &Default::default())
+    let config = ModelConfig::new(64, 48, 2, 6, 2, 96, 64);
+    Model::random(config, &Default::default())
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -87,9 +87,9 @@ fn rms_norm_matches_formula() {
 }
 
 #[test]
-fn rope_rotates_adjacent_pairs() {
+fn rope_rotates_pairs_in_both_layouts() {
     let device = Default::default();
-    let rope = Rope::<B>::new(4, 8, 100.0, &device);
+    let rope = Rope::<B>::new(4, 8, 100.0, RopeStyle::Adjacent, &device);
     let x = Tensor::<B, 2>::from_data(
         TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [1, 4]),
         &device,
@@ -101,6 +101,16 @@ fn rope_rotates_adjacent_pairs() {
     let want = [3.0f32.cos(), 3.0f32.sin(), a1.cos(), a1.sin()];
     let burn_ops = logits_to_vec(rope.apply_rows(x.clone(), 1, at()));
     let in_place = logits_to_vec(B::rope_rows(x, 1, at(), &rope));
+    assert!(max_diff(&burn_ops, &want) < 1e-5, "{burn_ops:?}");
+    assert!(max_diff(&in_place, &want) < 1e-5, "{in_place:?}");
+
+    // NeoX: angle 0 turns dimensions (0, 2), angle 1 dimensions (1, 3).
+    let neox = Rope::<B>::new(4, 8, 100.0, RopeStyle::Neox, &device);
+    let (c, s) = (3.0f32.cos(), 3.0f32.sin());
+    let want = [c - s, a1.cos() - a1.sin(), s + c, a1.sin() + a1.cos()];
+    let x = Tensor::<B, 2>::from_data(TensorData::new(vec![1.0f32; 4], [1, 4]), &device);
+    let burn_ops = logits_to_vec(neox.apply_rows(x.clone(), 1, at()));
+    let in_place = logits_to_vec(B::rope_rows(x, 1, at(), &neox));
     assert!(max_diff(&burn_ops, &want) < 1e-5, "{burn_ops:?}");
     assert!(max_diff(&in_place, &want) < 1e-5, "{in_place:?}");
 }

@@ -10,7 +10,7 @@ use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, SeqId, TierPolicy, BLOCK_TOKENS};
-use fornax_engine::model::{LlamaModel, Logits, SeqTokens};
+use fornax_engine::model::{Logits, Model, SeqTokens};
 use fornax_engine::sampling::argmax;
 use fornax_engine::{logits_to_vec, EngineBackend};
 
@@ -51,7 +51,7 @@ impl BackendTask for Case<'_> {
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
         let a = self.args;
-        let model: LlamaModel<B> = load_model::<B>(self.gguf, &device, a.model.load_options())?;
+        let model: Model<B> = load_model::<B>(self.gguf, &device, a.model.load_options())?;
         let vocab = model.config.vocab_size;
         let per_seq = (a.prompt_tokens + a.gen_tokens).div_ceil(BLOCK_TOKENS) + 1;
         let capacity = KvCapacity::f32_only((a.sequences + 1) * per_seq);

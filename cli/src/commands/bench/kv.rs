@@ -9,7 +9,7 @@ use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{BlockPool, KvCapacity, KvDims, Tier, TierPolicy, BLOCK_TOKENS};
-use fornax_engine::model::{LlamaModel, LoadOptions, Logits, SeqTokens};
+use fornax_engine::model::{LoadOptions, Logits, Model, SeqTokens};
 use fornax_engine::sampling::argmax;
 use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::{PagedSeq, SeqCache};
@@ -93,7 +93,7 @@ fn bytes_per_token(dims: KvDims, policy: TierPolicy, context: usize) -> f64 {
 impl KvBench<'_> {
     fn capacity<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         policy: TierPolicy,
         seqs: usize,
     ) -> KvCapacity {
@@ -121,7 +121,7 @@ impl KvBench<'_> {
     /// reads the blocks with burn's attention instead of ours.
     fn paged_scores<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         text: &[u32],
         policy: TierPolicy,
         kernels: bool,
@@ -136,7 +136,7 @@ impl KvBench<'_> {
 
     /// Every row of the perplexity table for one model: the per-token log-probs of each
     /// draw, pooled.
-    fn perplexity_column<B: EngineBackend>(&self, model: &LlamaModel<B>) -> Result<Vec<Vec<f32>>> {
+    fn perplexity_column<B: EngineBackend>(&self, model: &Model<B>) -> Result<Vec<Vec<f32>>> {
         let mut column = vec![Vec::new(); 2 + policies(self.args.int8_after).len()];
         for draw in 0..self.args.draws.max(1) {
             let text = &self.text[draw.min(self.text.len() - 2)..];
@@ -167,7 +167,7 @@ impl KvBench<'_> {
     /// summation order only, so its figures are what this path does with any tiny change.
     fn perplexity_table<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         device: &B::Device,
     ) -> Result<()> {
         let a = self.args;
@@ -242,7 +242,7 @@ impl KvBench<'_> {
     }
 
     /// Decode tokens/s of `n` sequences, each over its own contiguous cache.
-    fn contiguous_decode<B: EngineBackend>(&self, model: &LlamaModel<B>, n: usize) -> Result<f64> {
+    fn contiguous_decode<B: EngineBackend>(&self, model: &Model<B>, n: usize) -> Result<f64> {
         let mut caches: Vec<_> = (0..n).map(|_| model.new_cache()).collect();
         let mut next = Vec::new();
         for (cache, prompt) in caches.iter_mut().zip(self.prompts(n)) {
@@ -262,7 +262,7 @@ impl KvBench<'_> {
     }
 
     /// Decode tokens/s of `n` sequences batched in one forward pass per step.
-    fn paged_decode<B: EngineBackend>(&self, model: &LlamaModel<B>, n: usize) -> Result<f64> {
+    fn paged_decode<B: EngineBackend>(&self, model: &Model<B>, n: usize) -> Result<f64> {
         let policy = TierPolicy::DEFAULT;
         let mut kv = model.new_paged_cache(self.capacity(model, policy, n), policy);
         let seqs: Vec<_> = (0..n).map(|_| kv.add_sequence()).collect();

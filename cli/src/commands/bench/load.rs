@@ -15,7 +15,7 @@ use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{HostStats, KvStats};
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{PolicyKind, RequestId, SchedulerConfig};
 use fornax_engine::{EngineBackend, Event, Request};
@@ -181,7 +181,7 @@ impl LoadBench<'_> {
     /// Serves `jobs` in `mode` on a fresh engine.
     pub(super) fn serve<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         jobs: &[Job],
         mode: Mode,
         policy: PolicyKind,
@@ -192,7 +192,7 @@ impl LoadBench<'_> {
     /// [`Self::serve`] with scheduler settings `config`.
     pub(super) fn serve_with<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         jobs: &[Job],
         mode: Mode,
         policy: PolicyKind,
@@ -223,7 +223,7 @@ pub(super) struct Serving<'a> {
 
 /// Serves `jobs` on a fresh engine, with time measured as the module's doc says.
 pub(super) fn serve_jobs<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     jobs: &[Job],
     s: &Serving<'_>,
 ) -> Result<Figures> {

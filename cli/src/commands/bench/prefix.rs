@@ -16,7 +16,7 @@ use clap::Args;
 use fornax::kv_remote::{lookable_blocks, RemoteStats, RemoteTier};
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{PolicyKind, RequestId};
 use fornax_engine::{Engine, EngineBackend, Event, Request};
@@ -124,7 +124,7 @@ impl PrefixBench<'_> {
 
     fn serve<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         text: &[u32],
         systems: &[Vec<u32>],
         run: Run<'_>,
@@ -276,7 +276,7 @@ impl PrefixBench<'_> {
     /// usual), then B, which has seen nothing, with the shared tier off and on.
     fn replicas<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         text: &[u32],
         systems: &[Vec<u32>],
     ) -> Result<()> {

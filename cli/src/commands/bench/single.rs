@@ -11,7 +11,7 @@ use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::device_counts::{counted, DeviceCounts};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
-use fornax_engine::model::{LlamaModel, LoadOptions, Logits};
+use fornax_engine::model::{LoadOptions, Logits, Model};
 use fornax_engine::sampling::argmax_rows;
 use fornax_engine::seq_cache::{PagedSeq, SeqCache};
 use fornax_engine::tokenizer::Tokenizer;
@@ -71,7 +71,7 @@ impl Single<'_> {
         let a = self.args;
         let before = B::device_memory(device);
         let t = Instant::now();
-        let model: LlamaModel<B> = load_model::<B>(self.gguf, device, options)?;
+        let model: Model<B> = load_model::<B>(self.gguf, device, options)?;
         B::sync(device)?;
         let load_s = t.elapsed().as_secs_f64();
         let device_bytes = B::device_memory(device)

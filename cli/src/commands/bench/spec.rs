@@ -10,7 +10,7 @@ use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::spec::{ProposerKind, SpecConfig};
@@ -180,7 +180,7 @@ impl SpecBench<'_> {
     /// every setting alike instead of on whichever ran through it.
     fn run_case<B: EngineBackend>(
         &self,
-        model: &LlamaModel<B>,
+        model: &Model<B>,
         prompt: &[u32],
     ) -> Result<[Run; SETTINGS.len()]> {
         let a = self.args;
@@ -278,7 +278,7 @@ impl BackendTask for SpecBench<'_> {
         let a = self.args;
         ensure!(a.runs >= 1, "--runs must be at least 1");
         ensure!(a.sequences >= 1, "--sequences must be at least 1");
-        let model: LlamaModel<B> = load_model::<B>(self.gguf, &device, a.model.load_options())?;
+        let model: Model<B> = load_model::<B>(self.gguf, &device, a.model.load_options())?;
         let prompts: Vec<Vec<u32>> = CASES
             .iter()
             .map(|c| self.prompt(c))

@@ -43,7 +43,7 @@ impl WindowBench<'_> {
     /// the tier policy of the flags.
     fn perplexity<B: EngineBackend>(
         &self,
-        model: &fornax_engine::model::LlamaModel<B>,
+        model: &fornax_engine::model::Model<B>,
         ids: &[u32],
         window: Option<(usize, usize)>,
     ) -> Result<f64> {

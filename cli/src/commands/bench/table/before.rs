@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use fornax_engine::model::LlamaModel;
+use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::EngineBackend;
 use fornax_engine::{generate, GenerateParams};
@@ -17,7 +17,7 @@ use super::super::load::{Figures, Job};
 /// Serves `jobs` one at a time; a request older than `timeout` seconds is given up, before
 /// it starts or while it runs.
 pub fn serve_one_at_a_time<B: EngineBackend>(
-    model: &LlamaModel<B>,
+    model: &Model<B>,
     jobs: &[Job],
     timeout: f64,
 ) -> Result<Figures> {

@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::model::{LlamaModel, LoadOptions};
+use fornax_engine::model::{LoadOptions, Model};
 use fornax_engine::EngineBackend;
 
 use super::super::kv_args::KvArgs;
@@ -96,7 +96,7 @@ impl Table<'_> {
     /// Every engine on the same arrivals at `load` times `capacity` requests per second.
     fn point<B: EngineBackend>(
         &self,
-        models: [&LlamaModel<B>; 2],
+        models: [&Model<B>; 2],
         turns: &[ChatTurn],
         load: f64,
         capacity: f64,

@@ -1,9 +1,10 @@
-//! The Llama transformer: embedding, blocks, final norm and (tied) output layer.
+//! The transformer every family runs: embedding, blocks, final norm and (tied) output
+//! layer.
 
 use crate::EngineBackend;
-use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, Tensor, TensorData};
 
-use super::{Block, KvCache, Linear, LlamaConfig, ModelError, RmsNorm, Rope};
+use super::{Block, KvCache, Linear, ModelConfig, ModelError, RmsNorm, Rope};
 use crate::kv::{KvCapacity, KvDims, PagedKv, SeqId, TierPolicy};
 
 /// Which positions get logits.
@@ -24,7 +25,7 @@ pub struct SeqTokens<'a> {
 
 /// The network's parameters.
 #[derive(Debug, Clone)]
-pub struct Llama<B: Backend> {
+pub struct Net<B: Backend> {
     /// Token embedding table as the layer `d_model -> vocab`, so that it also serves as
     /// the tied output layer; the lookup reads its columns.
     pub embedding: Linear<B>,
@@ -36,13 +37,14 @@ pub struct Llama<B: Backend> {
 
 /// A loaded model: parameters, RoPE tables and configuration.
 #[derive(Debug)]
-pub struct LlamaModel<B: Backend> {
-    pub net: Llama<B>,
-    pub rope: Rope<B>,
-    pub config: LlamaConfig,
+pub struct Model<B: Backend> {
+    pub net: Net<B>,
+    /// One table per RoPE base (`ModelConfig::rope_thetas`); each block names its own.
+    pub ropes: Vec<Rope<B>>,
+    pub config: ModelConfig,
 }
 
-impl<B: Backend> LlamaModel<B> {
+impl<B: Backend> Model<B> {
     /// Whether any matrix is kept quantized (else every weight is FP32: the reference path).
     pub fn quantized(&self) -> bool {
         self.matrices().any(|m| m.quant().is_some())
@@ -66,12 +68,36 @@ impl<B: Backend> LlamaModel<B> {
 
     /// Bytes of all weights on the device: matrices and norm vectors.
     pub fn weight_bytes(&self) -> usize {
-        let norms = (2 * self.config.n_layers + 1) * self.config.d_model * 4;
+        let c = &self.config;
+        let per_layer = match c.post_norms {
+            true => 4 * c.d_model,
+            false => 2 * c.d_model,
+        } + usize::from(c.qk_norm) * 2 * c.head_dim;
+        let norms = (c.n_layers * per_layer + c.d_model) * 4;
         self.matrices().map(Linear::bytes).sum::<usize>() + norms
+    }
+
+    /// RoPE tables for `config`: one per distinct base, in `rope_thetas` order.
+    pub fn rope_tables(config: &ModelConfig, device: &B::Device) -> Vec<Rope<B>> {
+        config
+            .rope_thetas()
+            .into_iter()
+            .map(|theta| {
+                let (hd, len) = (config.head_dim, config.max_seq_len);
+                Rope::new(hd, len, theta, config.rope_style, device)
+            })
+            .collect()
+    }
+
+    /// Which of [`Self::rope_tables`] layer `layer` rotates by.
+    pub fn rope_index(config: &ModelConfig, layer: usize) -> usize {
+        let theta = config.layers[layer].rope_theta;
+        let thetas = config.rope_thetas();
+        thetas.iter().position(|&t| t == theta).unwrap_or(0)
     }
 }
 
-impl<B: EngineBackend> LlamaModel<B> {
+impl<B: EngineBackend> Model<B> {
     /// An empty cache sized for this model.
     pub fn new_cache(&self) -> KvCache<B> {
         KvCache::new(self.config.n_layers)
@@ -94,7 +120,7 @@ impl<B: EngineBackend> LlamaModel<B> {
         self.check(tokens, start)?;
         let mut x = self.embed(tokens.iter().copied());
         for (layer, block) in self.net.blocks.iter().enumerate() {
-            x = block.forward(x, &self.rope, cache, layer, start);
+            x = block.forward(x, &self.ropes[block.rope], cache, layer, start);
         }
         cache.advance(tokens.len());
         if logits == Logits::Last {
@@ -180,7 +206,7 @@ impl<B: EngineBackend> LlamaModel<B> {
         paged.fused = B::fused_fit(&self.device());
         let mut x = self.embed(batch.iter().flat_map(|s| s.tokens.iter().copied()));
         for (layer, block) in self.net.blocks.iter().take(layers).enumerate() {
-            x = block.forward_paged(x, &self.rope, kv, &paged, layer);
+            x = block.forward_paged(x, &self.ropes[block.rope], kv, &paged, layer);
         }
         kv.commit(&parts)?;
         if let Some(tails) = tails {
@@ -223,10 +249,12 @@ impl<B: EngineBackend> LlamaModel<B> {
 
     /// Embeddings `[tokens, d_model]` of checked token ids.
     fn embed(&self, tokens: impl Iterator<Item = u32>) -> Tensor<B, 2> {
-        let ids: Vec<i64> = tokens.map(i64::from).collect();
-        let n = ids.len();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), &self.device());
-        self.net.embedding.columns(ids)
+        let ids: Vec<u32> = tokens.collect();
+        let x = self.net.embedding.columns(&ids);
+        match self.config.embed_scale {
+            Some(scale) => x.mul_scalar(scale),
+            None => x,
+        }
     }
 
     /// Final norm and output layer.

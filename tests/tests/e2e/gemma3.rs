@@ -1,0 +1,193 @@
+//! Gemma 3 270M (Q4_K_M, the real file) against llama.cpp on the same file
+//! (`tests/reference/gemma3/llama_cpp.json`, written by `scripts/peer/llama-reference.mjs`
+//! from `cases.json`): the tokenizer exact, greedy tokens equal up to a step where
+//! llama.cpp's own top-2 margin is below 0.1, perplexity over 1,023 tokens (past the
+//! 512-key window) within 1%, on the CPU backend and on wgpu.
+
+use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
+use fornax_engine::gguf::GgufFile;
+use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
+use fornax_engine::model::Model;
+use fornax_engine::score::{perplexity, token_logprobs_in};
+use fornax_engine::seq_cache::PagedSeq;
+use fornax_engine::tokenizer::Tokenizer;
+use fornax_engine::{generate_in, GenerateParams};
+use serde::Deserialize;
+
+use crate::common::{gemma_file, read_reference, run_on};
+
+/// A greedy divergence is allowed only after a step whose reference top-1/top-2
+/// log-probability margin is below this.
+const MIN_MARGIN: f64 = 0.1;
+/// Allowed relative perplexity difference from llama.cpp's.
+const PPL_TOLERANCE: f64 = 0.01;
+
+#[derive(Debug, Deserialize)]
+struct Reference {
+    tokenizer: Vec<TokenizerCase>,
+    prompts: Vec<PromptCase>,
+    text: Text,
+}
+
+#[derive(Debug, Deserialize)]
+struct TokenizerCase {
+    name: String,
+    text: String,
+    parse_special: bool,
+    ids: Vec<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PromptCase {
+    prompt: String,
+    /// BOS and the prompt.
+    ids: Vec<u32>,
+    greedy: Vec<u32>,
+    margins: Vec<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Text {
+    ids: Vec<u32>,
+    perplexity: f64,
+}
+
+fn reference() -> Reference {
+    read_reference("gemma3/llama_cpp.json")
+}
+
+#[test]
+fn tokenizer_matches_llama_cpp() {
+    let gguf = GgufFile::parse(gemma_file().bytes()).unwrap();
+    let tok = Tokenizer::from_gguf(&gguf).unwrap();
+    let cases = reference().tokenizer;
+    assert!(cases.len() >= 20);
+    for c in &cases {
+        let ids = tok.encode(&c.text, c.parse_special).unwrap();
+        assert_eq!(ids, c.ids, "{}: {:?}", c.name, c.text);
+        assert_eq!(tok.decode(&ids).unwrap(), c.text, "{} decodes back", c.name);
+    }
+    for p in &reference().prompts {
+        assert_eq!(tok.encode_prompt(&p.prompt, false).unwrap(), p.ids);
+    }
+}
+
+/// How many of `ours` equal llama.cpp's greedy tokens; an error where they part after a
+/// step with a clear margin.
+fn check_greedy(ours: &[u32], case: &PromptCase) -> Result<usize, String> {
+    for (i, (&a, &b)) in ours.iter().zip(&case.greedy).enumerate() {
+        if a != b {
+            let margin = case.margins[i];
+            return match margin < MIN_MARGIN {
+                true => Ok(i),
+                false => Err(format!(
+                    "step {i}: {a} vs llama.cpp's {b} (margin {margin:.3})"
+                )),
+            };
+        }
+    }
+    match ours.len() == case.greedy.len() {
+        true => Ok(ours.len()),
+        false => Err(format!("{} of {} tokens", ours.len(), case.greedy.len())),
+    }
+}
+
+/// What one backend is checked on.
+#[derive(Debug, Clone, Copy)]
+enum Check {
+    Greedy,
+    /// Perplexity over the paged cache, as `fornax perplexity` runs.
+    Perplexity,
+}
+
+impl BackendTask for Check {
+    type Output = Result<String, String>;
+
+    fn run<B: fornax_engine::EngineBackend>(
+        self,
+        device: B::Device,
+        info: DeviceInfo,
+    ) -> Self::Output {
+        let gguf = GgufFile::parse(gemma_file().bytes()).map_err(|e| e.to_string())?;
+        let model =
+            Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).map_err(|e| e.to_string())?;
+        let r = reference();
+        let mut report = format!("[{} on {}]\n", info.kind, info.adapter);
+        let mut failures = Vec::new();
+        match self {
+            Check::Greedy => {
+                for case in &r.prompts {
+                    let params = GenerateParams {
+                        max_tokens: case.greedy.len(),
+                        ..GenerateParams::default()
+                    };
+                    let blocks = (case.ids.len() + params.max_tokens).div_ceil(BLOCK_TOKENS);
+                    let mut kv =
+                        model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
+                    let mut seq = PagedSeq::new(&mut kv);
+                    let ours = generate_in(&model, &mut seq, &case.ids, &params, |_| true)
+                        .map_err(|e| e.to_string())?;
+                    match check_greedy(&ours, case) {
+                        Ok(n) => {
+                            report +=
+                                &format!("{:?}: {n}/{} equal\n", case.prompt, case.greedy.len())
+                        }
+                        Err(e) => failures.push(format!("{:?}: {e}", case.prompt)),
+                    }
+                }
+            }
+            Check::Perplexity => {
+                let ids = &r.text.ids;
+                let blocks = ids.len().div_ceil(BLOCK_TOKENS);
+                let mut kv =
+                    model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
+                // 64 tokens a pass: 256 rows of 262,144 logits would not fit one buffer
+                // on lavapipe.
+                let logprobs = token_logprobs_in(&model, &mut PagedSeq::new(&mut kv), ids, 64)
+                    .map_err(|e| e.to_string())?;
+                let ppl = perplexity(&logprobs);
+                let rel = (ppl - r.text.perplexity).abs() / r.text.perplexity;
+                report += &format!(
+                    "perplexity {ppl:.4} over {} tokens, llama.cpp {:.4}: {:+.3}%\n",
+                    logprobs.len(),
+                    r.text.perplexity,
+                    (ppl / r.text.perplexity - 1.0) * 100.0
+                );
+                if logprobs.len() + 1 != ids.len() || rel > PPL_TOLERANCE {
+                    failures.push(format!("perplexity {ppl} vs {}", r.text.perplexity));
+                }
+            }
+        }
+        match failures.is_empty() {
+            true => Ok(report),
+            false => Err(format!("{report}failures:\n{}", failures.join("\n"))),
+        }
+    }
+}
+
+fn check(kind: BackendKind, check: Check) {
+    match run_on(kind, check).expect("backend available") {
+        Ok(report) => eprintln!("{report}"),
+        Err(report) => panic!("{check:?} failed\n{report}"),
+    }
+}
+
+#[test]
+fn greedy_tokens_match_llama_cpp_on_cpu() {
+    check(BackendKind::Cpu, Check::Greedy);
+}
+
+#[test]
+fn perplexity_matches_llama_cpp_on_cpu() {
+    check(BackendKind::Cpu, Check::Perplexity);
+}
+
+#[test]
+fn greedy_tokens_match_llama_cpp_on_wgpu() {
+    check(BackendKind::Wgpu, Check::Greedy);
+}
+
+#[test]
+fn perplexity_matches_llama_cpp_on_wgpu() {
+    check(BackendKind::Wgpu, Check::Perplexity);
+}
