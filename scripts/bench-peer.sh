@@ -5,7 +5,8 @@
 # missing (nothing is compiled). Prints one table: each engine's median and the ratio
 # Fornax / llama.cpp, with the CPU model and the date. A benchmark, not a test.
 #
-# usage: scripts/bench-peer.sh [MODEL.gguf]   (env: ROUNDS=3, THREADS=all cores)
+# usage: scripts/bench-peer.sh [--model PATH|ALIAS]   (env: ROUNDS=3, THREADS=all cores)
+#   default: the default model; an alias (`fornax models`) is fetched into the cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -14,7 +15,20 @@ THREADS="${THREADS:-$(nproc)}"
 
 cargo build --release -q -p fornax
 FORNAX=target/release/fornax
-MODEL="${1:-$($FORNAX fetch)}"
+ARG=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --model) ARG="${2:?--model needs a path or an alias}"; shift 2 ;;
+        *) ARG="$1"; shift ;;
+    esac
+done
+if [ -z "$ARG" ]; then
+    MODEL="$($FORNAX fetch)"
+elif [ -f "$ARG" ]; then
+    MODEL="$ARG"
+else
+    MODEL="$($FORNAX fetch "$ARG")"
+fi
 source scripts/peer/install.sh
 
 # name | prompt tokens | decoded tokens | sequences | figure

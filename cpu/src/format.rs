@@ -14,14 +14,37 @@ pub enum QuantFormat {
     Q4_1,
     /// `d * q`, signed 8-bit codes.
     Q8_0,
+    /// `d * (q - 16)`, 5-bit codes: four bytes of high bits (bit `j` for value `j`), then
+    /// the low nibbles as Q4's.
+    Q5_0,
 }
 
 impl QuantFormat {
-    /// Code bytes per block: 16 nibble pairs or 32 bytes.
+    /// Code bytes per block: 16 nibble pairs, 32 bytes, or (Q5_0) 4 bytes of high bits
+    /// and 16 nibble pairs.
     pub const fn code_bytes(self) -> usize {
         match self {
             Self::Q8_0 => 32,
+            Self::Q5_0 => 20,
             _ => 16,
+        }
+    }
+
+    /// Bytes of high bits at the start of a block's codes (Q5_0's `qh`).
+    pub const fn high_bytes(self) -> usize {
+        match self {
+            Self::Q5_0 => 4,
+            _ => 0,
+        }
+    }
+
+    /// What a block adds per unit of `sum(x)`, given its `d`: `-8 d` for Q4_0, `-16 d` for
+    /// Q5_0 (codes read unsigned), 0 for Q8_0; Q4_1 carries its own `m`.
+    pub(crate) fn offset(self, d: f32) -> f32 {
+        match self {
+            Self::Q4_0 => -8.0 * d,
+            Self::Q5_0 => -16.0 * d,
+            Self::Q4_1 | Self::Q8_0 => 0.0,
         }
     }
 
@@ -52,8 +75,8 @@ pub enum WeightsError {
 
 /// A `[rows, cols]` block-quantized matrix, borrowed: the blocks' codes as in the file
 /// (Q4: value `j < 16` in the low nibble of byte `j`, value `j + 16` in its high nibble;
-/// Q8_0: one signed byte per value) and their scales as IEEE halves (Q4_1: `d, m` per
-/// block). Rows are runs of blocks.
+/// Q8_0: one signed byte per value; Q5_0: `qh` then Q4's nibbles) and their scales as
+/// IEEE halves (Q4_1: `d, m` per block). Rows are runs of blocks.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantWeights<'a> {
     pub(crate) format: QuantFormat,
@@ -137,18 +160,34 @@ impl<'a> QuantWeights<'a> {
                         *v = d * f32::from(q as i8);
                     }
                 }
-                QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-                    let (d, m) = if self.format == QuantFormat::Q4_1 {
-                        (half(2 * b), half(2 * b + 1))
-                    } else {
-                        (half(b), -8.0 * half(b))
+                QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 => {
+                    let (d, m) = match self.format {
+                        QuantFormat::Q4_1 => (half(2 * b), half(2 * b + 1)),
+                        f => (half(b), f.offset(half(b))),
                     };
-                    for (j, &byte) in block.iter().enumerate() {
-                        values[j] = d * f32::from(byte & 15) + m;
-                        values[j + 16] = d * f32::from(byte >> 4) + m;
+                    let (high, nibbles) = block.split_at(self.format.high_bytes());
+                    let qh = high_bits(high);
+                    for (j, &byte) in nibbles.iter().enumerate() {
+                        let (lo, hi) = five_bit(byte, qh, j);
+                        values[j] = d * f32::from(lo) + m;
+                        values[j + 16] = d * f32::from(hi) + m;
                     }
                 }
             }
         }
     }
+}
+
+/// A block's high bits as one word (zero where the format has none).
+pub(crate) fn high_bits(high: &[u8]) -> u32 {
+    high.iter()
+        .enumerate()
+        .fold(0, |w, (i, &b)| w | u32::from(b) << (8 * i))
+}
+
+/// Codes `j` and `j + 16` of a block from nibble byte `j` and the high bits `qh` (Q4:
+/// `qh` is 0).
+pub(crate) fn five_bit(byte: u8, qh: u32, j: usize) -> (u8, u8) {
+    let bit = |k: usize| ((qh >> k) & 1) as u8;
+    ((byte & 15) | bit(j) << 4, (byte >> 4) | bit(j + 16) << 4)
 }

@@ -4,6 +4,7 @@
 //! Rows are taken in groups of [`LANES`] (the last group padded with zero rows). A group
 //! is a run of group-blocks, one per block of 32 columns, each holding:
 //! - the eight rows' `d` as IEEE halves, then (Q4_1) their eight `m`;
+//! - (Q5_0) the eight rows' high-bit words `qh`, row `l`'s at `4l`;
 //! - the eight rows' codes in chunks of 32 bytes: chunk `c` holds 4 bytes of each row,
 //!   row `l`'s bytes `4c..4c + 4` of its block at `32c + 4l`. For Q4 that is values
 //!   `4c..4c + 4` in the low nibbles and `16 + 4c..` in the high ones; for Q8_0 values
@@ -38,9 +39,14 @@ impl QuantFormat {
         LANES * (2 * self.scale_halves() + self.code_bytes())
     }
 
+    /// Where the high-bit words start in a group-block (Q5_0).
+    pub(crate) const fn group_high_at(self) -> usize {
+        LANES * 2 * self.scale_halves()
+    }
+
     /// Where the codes start in a group-block.
     pub(crate) const fn group_codes_at(self) -> usize {
-        LANES * 2 * self.scale_halves()
+        self.group_high_at() + LANES * self.high_bytes()
     }
 }
 
@@ -51,7 +57,12 @@ impl InterleavedWeights {
         let nb = w.row_blocks();
         let groups = w.rows.div_ceil(LANES);
         let (gbb, codes_at) = (format.group_block_bytes(), format.group_codes_at());
-        let (cb, sh) = (format.code_bytes(), format.scale_halves());
+        let (cb, sh, hb) = (
+            format.code_bytes(),
+            format.scale_halves(),
+            format.high_bytes(),
+        );
+        let high_at = format.group_high_at();
         let mut data = vec![0u8; groups * nb * gbb];
         for r in 0..w.rows {
             let (g, l) = (r / LANES, r % LANES);
@@ -64,8 +75,10 @@ impl InterleavedWeights {
                     let o = 2 * (h * LANES + l);
                     block[o..o + 2].copy_from_slice(&v);
                 }
-                for i in 0..cb {
-                    block[codes_at + code_offset(l, i)] = codes[b * cb + i];
+                let own = &codes[b * cb..(b + 1) * cb];
+                block[high_at + hb * l..high_at + hb * (l + 1)].copy_from_slice(&own[..hb]);
+                for (i, &byte) in own[hb..].iter().enumerate() {
+                    block[codes_at + code_offset(l, i)] = byte;
                 }
             }
         }
@@ -119,7 +132,8 @@ impl InterleavedWeights {
         let (nb, l) = (self.row_blocks(), r % LANES);
         let f = self.format;
         let (gbb, codes_at) = (f.group_block_bytes(), f.group_codes_at());
-        let (cb, sh) = (f.code_bytes(), f.scale_halves());
+        let (cb, sh, hb) = (f.code_bytes(), f.scale_halves(), f.high_bytes());
+        let high_at = f.group_high_at();
         let group = self.group(r / LANES);
         let mut codes = Vec::with_capacity(nb * cb);
         let mut halves = Vec::with_capacity(nb * sh);
@@ -128,7 +142,8 @@ impl InterleavedWeights {
                 let o = 2 * (h * LANES + l);
                 halves.push(u16::from_le_bytes([block[o], block[o + 1]]));
             }
-            codes.extend((0..cb).map(|i| block[codes_at + code_offset(l, i)]));
+            codes.extend_from_slice(&block[high_at + hb * l..high_at + hb * (l + 1)]);
+            codes.extend((0..cb - hb).map(|i| block[codes_at + code_offset(l, i)]));
         }
         (codes, halves)
     }
@@ -169,8 +184,7 @@ pub(crate) fn group_scales(format: QuantFormat, block: &[u8]) -> ([f32; LANES], 
     let d: [f32; LANES] = std::array::from_fn(|l| half(l).to_f32());
     let m: [f32; LANES] = match format {
         QuantFormat::Q4_1 => std::array::from_fn(|l| half(LANES + l).to_f32()),
-        QuantFormat::Q4_0 => std::array::from_fn(|l| -8.0 * d[l]),
-        QuantFormat::Q8_0 => [0.0; LANES],
+        f => std::array::from_fn(|l| f.offset(d[l])),
     };
     (d, m)
 }

@@ -6,7 +6,8 @@
 //! A group-block's eight rows sit in two vectors of four lanes (see
 //! `crate::interleaved`): each half of a 32-byte chunk of codes holds four bytes of four
 //! rows, multiplied by the token's four matching activation bytes broadcast to every lane.
-//! Q4 codes (0..15) and Q8_0 codes both multiply as signed bytes.
+//! Q4 codes (0..15), Q5_0 codes (0..31, the high bits spread into bytes) and Q8_0 codes
+//! all multiply as signed bytes.
 
 macro_rules! level {
     ($name:ident, $features:literal, |$a:ident, $w:ident, $x:ident| $step:expr) => {
@@ -20,6 +21,18 @@ macro_rules! level {
             #[target_feature(enable = $features)]
             fn step($a: int32x4_t, $w: int8x16_t, $x: int8x16_t) -> int32x4_t {
                 $step
+            }
+
+            /// Bits `k..k + 4` of each lane's word in `qh`, as bytes of 16 or 0 (byte `i`
+            /// from bit `k + i`): the fifth bit of four Q5_0 codes.
+            #[target_feature(enable = $features)]
+            fn high_bits_at(qh: uint32x4_t, k: i32) -> int8x16_t {
+                let t = vreinterpretq_u8_u32(vshlq_u32(qh, vdupq_n_s32(-k)));
+                let low_byte: [u8; 16] = [0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12];
+                // SAFETY: sixteen bytes.
+                let rep = vqtbl1q_u8(t, unsafe { vld1q_u8(low_byte.as_ptr()) });
+                let bits = vreinterpretq_u8_u32(vdupq_n_u32(0x0804_0201));
+                vreinterpretq_s8_u8(vandq_u8(vtstq_u8(rep, bits), vdupq_n_u8(16)))
             }
 
             /// Four activation bytes in every lane.
@@ -72,11 +85,24 @@ macro_rules! level {
                             }
                         }
                     } else {
+                        // Q5_0's high-bit words, four lanes a half (zero for Q4).
+                        let qh = match format == QuantFormat::Q5_0 {
+                            true => {
+                                let high = unsafe { block.as_ptr().add(format.group_high_at()) };
+                                let word =
+                                    |h: usize| unsafe { vld1q_u32(high.add(16 * h) as *const u32) };
+                                [word(0), word(1)]
+                            }
+                            false => [vdupq_n_u32(0); 2],
+                        };
                         for c in 0..4 {
                             for h in 0..2 {
                                 let raw = unsafe { vld1q_u8(codes.add(32 * c + 16 * h)) };
+                                let k = 4 * c as i32;
                                 let lo = vreinterpretq_s8_u8(vandq_u8(raw, mask));
+                                let lo = vorrq_s8(lo, high_bits_at(qh[h], k));
                                 let hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+                                let hi = vorrq_s8(hi, high_bits_at(qh[h], 16 + k));
                                 for j in 0..N {
                                     let xl = unsafe { broadcast(xb[j].add(4 * c)) };
                                     let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };

@@ -3,12 +3,17 @@
 //! gives the same results.
 
 use crate::activations::Q8Activations;
-use crate::format::{QuantFormat, QBLOCK};
+use crate::format::{five_bit, high_bits, QuantFormat, QBLOCK};
 use crate::interleaved::{group_scales, LANES};
 
-/// `sum(q_w q_x)` of lane `l` over one group-block's codes (Q4 codes read as 0..15).
-fn lane_isum(format: QuantFormat, codes: &[u8], l: usize, x: &[i8]) -> i32 {
-    let chunks = format.code_bytes() / 4;
+/// `sum(q_w q_x)` of lane `l` over one group-block (Q4 codes read as 0..15, Q5_0's as
+/// 0..31).
+fn lane_isum(format: QuantFormat, block: &[u8], l: usize, x: &[i8]) -> i32 {
+    let codes = &block[format.group_codes_at()..];
+    let hb = format.high_bytes();
+    let high_at = format.group_high_at() + hb * l;
+    let qh = high_bits(&block[high_at..high_at + hb]);
+    let chunks = (format.code_bytes() - hb) / 4;
     let mut sum = 0i32;
     for c in 0..chunks {
         for i in 0..4 {
@@ -17,8 +22,8 @@ fn lane_isum(format: QuantFormat, codes: &[u8], l: usize, x: &[i8]) -> i32 {
             sum += match format {
                 QuantFormat::Q8_0 => i32::from(byte as i8) * i32::from(x[k]),
                 _ => {
-                    i32::from(byte & 15) * i32::from(x[k])
-                        + i32::from(byte >> 4) * i32::from(x[k + 16])
+                    let (lo, hi) = five_bit(byte, qh, k);
+                    i32::from(lo) * i32::from(x[k]) + i32::from(hi) * i32::from(x[k + 16])
                 }
             };
         }
@@ -35,7 +40,7 @@ pub(super) fn tokens(
     n: usize,
     out: &mut [[f32; LANES]],
 ) {
-    let (gbb, codes_at) = (format.group_block_bytes(), format.group_codes_at());
+    let gbb = format.group_block_bytes();
     for (j, o) in out[..n].iter_mut().enumerate() {
         let (q, xd, xs) = acts.token(t0 + j);
         *o = [0.0; LANES];
@@ -43,7 +48,7 @@ pub(super) fn tokens(
             let (d, m) = group_scales(format, block);
             let x = &q[b * QBLOCK..(b + 1) * QBLOCK];
             for (l, acc) in o.iter_mut().enumerate() {
-                let isum = lane_isum(format, &block[codes_at..], l, x);
+                let isum = lane_isum(format, block, l, x);
                 *acc = (isum as f32).mul_add(d[l] * xd[b], *acc);
                 if format != QuantFormat::Q8_0 {
                     *acc = m[l].mul_add(xs[b], *acc);

@@ -5,7 +5,8 @@
 //! A group-block's eight rows sit in the lanes (see `crate::interleaved`): a 32-byte chunk
 //! of codes holds four bytes of each row, multiplied by the token's four matching
 //! activation bytes broadcast to every lane. Q4 codes (0..15) are unsigned and multiply
-//! the signed activations directly; Q8_0 codes are signed, so the product is taken as
+//! the signed activations directly; Q5_0's (0..31, the high bits spread into bytes) too,
+//! summed in 32 bits; Q8_0 codes are signed, so the product is taken as
 //! `|w| * (x with w's sign)`.
 
 macro_rules! level {
@@ -37,6 +38,23 @@ macro_rules! level {
             #[target_feature(enable = $features)]
             fn q8_step($a8: __m256i, $w8: __m256i, $x8: __m256i) -> __m256i {
                 $q8
+            }
+
+            /// Bits `k..k + 4` of each lane's word in `qh`, as bytes of 16 or 0 (byte `i`
+            /// from bit `k + i`): the fifth bit of four Q5_0 codes.
+            #[target_feature(enable = $features)]
+            fn high_bits_at(qh: __m256i, k: i32) -> __m256i {
+                let t = _mm256_srl_epi32(qh, _mm_cvtsi32_si128(k));
+                let low_byte = _mm256_setr_epi8(
+                    0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8,
+                    8, 8, 8, 12, 12, 12, 12,
+                );
+                let bits = _mm256_set1_epi32(0x0804_0201);
+                let set = _mm256_cmpeq_epi8(
+                    _mm256_and_si256(_mm256_shuffle_epi8(t, low_byte), bits),
+                    bits,
+                );
+                _mm256_and_si256(set, _mm256_set1_epi8(16))
             }
 
             /// Four activation bytes in every lane.
@@ -82,6 +100,24 @@ macro_rules! level {
                                 isum[j] = q8_step(isum[j], aw, _mm256_sign_epi8(xv, w));
                             }
                         }
+                    } else if format == QuantFormat::Q5_0 {
+                        // Codes of 0..31: products too large for Q4's 16-bit sums.
+                        let high = unsafe { block.add(format.group_high_at()) };
+                        let qh = unsafe { _mm256_loadu_si256(high as *const __m256i) };
+                        for c in 0..4 {
+                            let raw =
+                                unsafe { _mm256_loadu_si256(codes.add(32 * c) as *const __m256i) };
+                            let k = 4 * c as i32;
+                            let lo = _mm256_and_si256(raw, mask);
+                            let lo = _mm256_or_si256(lo, high_bits_at(qh, k));
+                            let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                            let hi = _mm256_or_si256(hi, high_bits_at(qh, 16 + k));
+                            for j in 0..N {
+                                let xl = unsafe { broadcast(xb[j].add(4 * c)) };
+                                let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
+                                isum[j] = q8_step(q8_step(isum[j], lo, xl), hi, xh);
+                            }
+                        }
                     } else {
                         for c in 0..4 {
                             let raw =
@@ -102,6 +138,7 @@ macro_rules! level {
                         QuantFormat::Q4_1 => _mm256_cvtph_ps(unsafe {
                             _mm_loadu_si128(block.add(2 * LANES) as *const __m128i)
                         }),
+                        QuantFormat::Q5_0 => _mm256_mul_ps(d, _mm256_set1_ps(-16.0)),
                         _ => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
                     };
                     for j in 0..N {

@@ -8,7 +8,7 @@ use super::{
     RmsNorm, Rows,
 };
 use crate::gguf::{GgufError, GgufFile};
-use crate::quant::{format_code, PackedMatrix, QuantMatrix, QuantOps};
+use crate::quant::{PackedMatrix, QuantMatrix, QuantOps};
 use fornax_shaders::quant_matmul::QBLOCK;
 
 /// How the weights are loaded.
@@ -86,7 +86,10 @@ impl<B: QuantOps> Loader<'_, '_, B> {
     /// larger than the device holds in one buffer.
     fn linear(&mut self, name: &str, inp: usize, out: usize) -> Result<Linear<B>, ModelError> {
         let info = self.file.tensor(name)?;
-        if self.quantized && info.dims_row_major() == [out, inp] {
+        if self.quantized
+            && B::has_kernels_for(info.ggml_type)
+            && info.dims_row_major() == [out, inp]
+        {
             let bytes = self.file.tensor_bytes(info);
             let row_bytes = bytes.len() / out.max(1);
             let band = self.band_rows(out, row_bytes);
@@ -169,7 +172,7 @@ impl<B: QuantOps> Loader<'_, '_, B> {
         }
         let ty = infos[0].ggml_type;
         let same_width = parts.iter().all(|p| p.1 == parts[0].1);
-        if format_code(ty).is_none()
+        if !B::has_kernels_for(ty)
             || !inp.is_multiple_of(QBLOCK)
             || infos.iter().any(|i| i.ggml_type != ty)
             || (rows == Rows::Interleaved && !same_width)
@@ -223,7 +226,7 @@ impl<B: QuantOps + FusedOps> Model<B> {
         let quantized = !options.dequantize && B::has_quant_kernels();
         file.tensors
             .iter()
-            .map(|t| match quantized && format_code(t.ggml_type).is_some() {
+            .map(|t| match quantized && B::has_kernels_for(t.ggml_type) {
                 true => (t.name.clone(), t.size),
                 false => (t.name.clone(), 4 * t.elements()),
             })

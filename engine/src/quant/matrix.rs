@@ -51,9 +51,14 @@ impl<B: QuantOps> QuantMatrix<B> {
         Self::from_packed(packed.clone(), device)
     }
 
-    /// As [`QuantMatrix::upload`], taking `packed` (dropped once placed).
+    /// As [`QuantMatrix::upload`], taking `packed` (dropped once placed). Panics for a type
+    /// only another backend's kernels read (Q5_0 off the CPU).
     pub fn from_packed(packed: PackedMatrix, device: &B::Device) -> Self {
         let (ggml_type, rows, cols) = (packed.ggml_type, packed.rows, packed.cols);
+        assert!(
+            B::has_kernels_for(ggml_type) || super::format_code(ggml_type).is_some(),
+            "no kernels for {ggml_type:?} weights on this backend"
+        );
         let store = if B::quant_on_host() {
             QuantStore::Host {
                 weights: Arc::new(fornax_cpu::InterleavedWeights::new(&packed.cpu_view())),

@@ -9,6 +9,7 @@ use burn_tensor::{backend::Backend, ops::FloatElem, DType, Int, Tensor, TensorDa
 use fornax_shaders::quant_launch::{self, QuantTensors};
 
 use super::QuantMatrix;
+use crate::gguf::GgmlType;
 
 /// Backends that can multiply by block-quantized weights.
 pub trait QuantOps: Backend {
@@ -21,6 +22,12 @@ pub trait QuantOps: Backend {
     /// Whether quantized words stay in host memory (CPU kernels) rather than on the device.
     fn quant_on_host() -> bool {
         false
+    }
+
+    /// Whether this backend's kernels read weights of type `ty` (else they are
+    /// dequantized at load).
+    fn has_kernels_for(ty: GgmlType) -> bool {
+        Self::has_quant_kernels() && super::format_code(ty).is_some()
     }
 
     /// The largest buffer `device` holds in one piece (`None`: no limit that matters);
@@ -99,6 +106,11 @@ impl QuantOps for crate::CpuBackend {
 
     fn quant_on_host() -> bool {
         true
+    }
+
+    /// The CubeCL kernels' types and Q5_0.
+    fn has_kernels_for(ty: GgmlType) -> bool {
+        super::packable(ty)
     }
 
     fn quant_matmul(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {

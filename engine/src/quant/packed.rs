@@ -36,11 +36,20 @@ pub fn format_code(ty: GgmlType) -> Option<u32> {
     }
 }
 
+/// Whether some backend's kernels read `ty`: the CubeCL kernels' types
+/// ([`format_code`]) and Q5_0, which only the CPU kernels read so far.
+pub fn packable(ty: GgmlType) -> bool {
+    format_code(ty).is_some() || ty == GgmlType::Q5_0
+}
+
 impl PackedMatrix {
     /// Repacks the GGUF blocks of a `[rows, cols]` matrix; `None` for a type without
     /// kernels, rows that are not whole blocks, or `bytes` that are not `rows * cols` values.
+    /// A block's codes are what follows its halves (Q5_0: `qh`, then the nibbles).
     pub fn pack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
-        let format = format_code(ty)?;
+        if !packable(ty) {
+            return None;
+        }
         let block_bytes = ty.block_bytes() as usize;
         let blocks = rows * cols / QBLOCK;
         if !cols.is_multiple_of(QBLOCK) || bytes.len() != blocks * block_bytes {
@@ -57,7 +66,9 @@ impl PackedMatrix {
             }
             codes.extend_from_slice(&block[codes_at..]);
         }
-        debug_assert_eq!(codes.len(), blocks * 4 * quant_words(format));
+        if let Some(format) = format_code(ty) {
+            debug_assert_eq!(codes.len(), blocks * 4 * quant_words(format));
+        }
         Some(Self::from_blocks(ty, rows, cols, &codes, &halves))
     }
 
@@ -97,6 +108,7 @@ impl PackedMatrix {
         let format = match self.ggml_type {
             GgmlType::Q4_0 => fornax_cpu::QuantFormat::Q4_0,
             GgmlType::Q4_1 => fornax_cpu::QuantFormat::Q4_1,
+            GgmlType::Q5_0 => fornax_cpu::QuantFormat::Q5_0,
             _ => fornax_cpu::QuantFormat::Q8_0,
         };
         fornax_cpu::QuantWeights::new(
@@ -116,7 +128,15 @@ impl PackedMatrix {
 
     /// All values as `[rows, cols]` FP32, decoded from the packed words (the reference).
     pub fn dequantize(&self) -> Vec<f32> {
-        let format = self.format();
+        let Some(format) = format_code(self.ggml_type) else {
+            // A type only the CPU kernels read: decoded by their view.
+            let view = self.cpu_view();
+            let mut out = vec![0.0f32; self.rows * self.cols];
+            for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+                view.dequantize_row(r, row);
+            }
+            return out;
+        };
         let words = quant_words(format);
         let halves: &[u16] = cast_slice(&self.scales);
         let half = |i: usize| f16::from_bits(halves[i]).to_f32();

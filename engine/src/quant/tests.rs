@@ -5,6 +5,20 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use super::PackedMatrix;
 use crate::gguf::GgmlType;
 
+/// Bytes of a block after its halves (Q5_0: `qh` and the nibbles).
+fn code_bytes(ty: GgmlType) -> usize {
+    let halves = if ty == GgmlType::Q4_1 { 2 } else { 1 };
+    ty.block_bytes() as usize - 2 * halves
+}
+
+/// The block types the kernels read (Q5_0 on the CPU only).
+const KERNEL_TYPES: [GgmlType; 4] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q5_0,
+];
+
 /// Three blocks (an odd count, so the FP16 scales need a padding half) with every code.
 fn blocks(ty: GgmlType) -> Vec<u8> {
     let mut bytes = Vec::new();
@@ -13,7 +27,7 @@ fn blocks(ty: GgmlType) -> Vec<u8> {
         if ty == GgmlType::Q4_1 {
             bytes.extend(f16::from_f32(-0.5 + f32::from(b)).to_le_bytes());
         }
-        let codes = if ty == GgmlType::Q8_0 { 32u8 } else { 16 };
+        let codes = code_bytes(ty) as u8;
         bytes.extend((0..codes).map(|j| j.wrapping_mul(37).wrapping_add(b * 101)));
     }
     bytes
@@ -21,7 +35,7 @@ fn blocks(ty: GgmlType) -> Vec<u8> {
 
 #[test]
 fn packed_words_decode_exactly_as_the_gguf_blocks() {
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in KERNEL_TYPES {
         let bytes = blocks(ty);
         let mut want = vec![0.0f32; 96];
         ty.dequantize(&bytes, &mut want);
@@ -54,8 +68,7 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut impl Rng) -> 
         if ty == GgmlType::Q4_1 {
             bytes.extend(f16::from_f32(rng.random_range(-0.3f32..0.3)).to_le_bytes());
         }
-        let codes = if ty == GgmlType::Q8_0 { 32 } else { 16 };
-        bytes.extend((0..codes).map(|_| rng.random::<u8>()));
+        bytes.extend((0..code_bytes(ty)).map(|_| rng.random::<u8>()));
     }
     bytes
 }
@@ -104,7 +117,7 @@ fn cpu_kernels_match_the_gguf_dequantization_at_every_simd_level() {
     let mut rng = StdRng::seed_from_u64(7);
     let levels = SimdLevel::available();
     assert!(levels.contains(&SimdLevel::Portable));
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in KERNEL_TYPES {
         for (rows, cols, tokens) in [
             (1, 32, 1),
             (37, 96, 3),

@@ -7,7 +7,8 @@
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
-use fornax_engine::model::Model;
+use fornax_engine::model::{Logits, Model, SeqTokens};
+use fornax_engine::sampling::argmax;
 use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::Tokenizer;
@@ -49,7 +50,16 @@ struct PromptCase {
 #[derive(Debug, Deserialize)]
 struct Text {
     ids: Vec<u32>,
-    perplexity: f64,
+    /// llama.cpp's log-probability of each token after the first.
+    logprobs: Vec<f64>,
+}
+
+impl Text {
+    /// llama.cpp's perplexity over the first `n` tokens.
+    fn perplexity(&self, n: usize) -> f64 {
+        let lp = &self.logprobs[..n - 1];
+        (-lp.iter().sum::<f64>() / lp.len() as f64).exp()
+    }
 }
 
 fn reference() -> Reference {
@@ -95,9 +105,14 @@ fn check_greedy(ours: &[u32], case: &PromptCase) -> Result<usize, String> {
 /// What one backend is checked on.
 #[derive(Debug, Clone, Copy)]
 enum Check {
+    /// Each prompt alone, as `fornax generate` runs it.
     Greedy,
-    /// Perplexity over the paged cache, as `fornax perplexity` runs.
-    Perplexity,
+    /// Every prompt in one ragged batch, one forward pass a step, as the engine runs
+    /// them (and far fewer passes than one prompt at a time on lavapipe).
+    GreedyBatch,
+    /// Perplexity of the first `tokens` tokens over the paged cache, as `fornax
+    /// perplexity` runs.
+    Perplexity { tokens: usize },
 }
 
 impl BackendTask for Check {
@@ -136,8 +151,45 @@ impl BackendTask for Check {
                     }
                 }
             }
-            Check::Perplexity => {
-                let ids = &r.text.ids;
+            Check::GreedyBatch => {
+                let steps = r.prompts[0].greedy.len();
+                let blocks: usize = r
+                    .prompts
+                    .iter()
+                    .map(|c| (c.ids.len() + steps).div_ceil(BLOCK_TOKENS))
+                    .sum();
+                let mut kv =
+                    model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
+                let seqs: Vec<_> = r.prompts.iter().map(|_| kv.add_sequence()).collect();
+                let mut inputs: Vec<Vec<u32>> = r.prompts.iter().map(|c| c.ids.clone()).collect();
+                let mut ours = vec![Vec::new(); r.prompts.len()];
+                for _ in 0..steps {
+                    let batch: Vec<SeqTokens> = seqs
+                        .iter()
+                        .zip(&inputs)
+                        .map(|(&seq, tokens)| SeqTokens { seq, tokens })
+                        .collect();
+                    let logits = model
+                        .forward_batch(&batch, &mut kv, Logits::Last)
+                        .map_err(|e| e.to_string())?;
+                    let vocab = logits.dims()[1];
+                    let logits = fornax_engine::logits_to_vec(logits);
+                    for (i, row) in logits.chunks_exact(vocab).enumerate() {
+                        let token = argmax(row);
+                        ours[i].push(token);
+                        inputs[i] = vec![token];
+                    }
+                }
+                for (case, ours) in r.prompts.iter().zip(&ours) {
+                    match check_greedy(ours, case) {
+                        Ok(n) => report += &format!("{:?}: {n}/{steps} equal\n", case.prompt),
+                        Err(e) => failures.push(format!("{:?}: {e}", case.prompt)),
+                    }
+                }
+            }
+            Check::Perplexity { tokens } => {
+                let ids = &r.text.ids[..tokens];
+                let want = r.text.perplexity(tokens);
                 let blocks = ids.len().div_ceil(BLOCK_TOKENS);
                 let mut kv =
                     model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
@@ -146,15 +198,14 @@ impl BackendTask for Check {
                 let logprobs = token_logprobs_in(&model, &mut PagedSeq::new(&mut kv), ids, 64)
                     .map_err(|e| e.to_string())?;
                 let ppl = perplexity(&logprobs);
-                let rel = (ppl - r.text.perplexity).abs() / r.text.perplexity;
+                let rel = (ppl - want).abs() / want;
                 report += &format!(
-                    "perplexity {ppl:.4} over {} tokens, llama.cpp {:.4}: {:+.3}%\n",
+                    "perplexity {ppl:.4} over {} tokens, llama.cpp {want:.4}: {:+.3}%\n",
                     logprobs.len(),
-                    r.text.perplexity,
-                    (ppl / r.text.perplexity - 1.0) * 100.0
+                    (ppl / want - 1.0) * 100.0
                 );
                 if logprobs.len() + 1 != ids.len() || rel > PPL_TOLERANCE {
-                    failures.push(format!("perplexity {ppl} vs {}", r.text.perplexity));
+                    failures.push(format!("perplexity {ppl} vs {want}"));
                 }
             }
         }
@@ -179,15 +230,15 @@ fn greedy_tokens_match_llama_cpp_on_cpu() {
 
 #[test]
 fn perplexity_matches_llama_cpp_on_cpu() {
-    check(BackendKind::Cpu, Check::Perplexity);
+    check(BackendKind::Cpu, Check::Perplexity { tokens: 1024 });
 }
 
 #[test]
 fn greedy_tokens_match_llama_cpp_on_wgpu() {
-    check(BackendKind::Wgpu, Check::Greedy);
+    check(BackendKind::Wgpu, Check::GreedyBatch);
 }
 
 #[test]
 fn perplexity_matches_llama_cpp_on_wgpu() {
-    check(BackendKind::Wgpu, Check::Perplexity);
+    check(BackendKind::Wgpu, Check::Perplexity { tokens: 1024 });
 }
