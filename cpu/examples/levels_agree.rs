@@ -33,15 +33,23 @@ fn main() {
         QuantFormat::Q4_1,
         QuantFormat::Q8_0,
         QuantFormat::Q5_0,
+        QuantFormat::K4,
+        QuantFormat::K5,
+        QuantFormat::K8,
     ] {
         for (rows, cols, tokens) in [(1, 32, 1), (37, 96, 3), (70, 160, 9), (64, 1536, 6)] {
             let blocks = rows * cols / 32;
             let codes: Vec<u8> = (0..blocks * format.code_bytes())
                 .map(|_| rng.next() as u8)
                 .collect();
-            let scales: Vec<u16> = (0..blocks * format.scale_halves())
-                .map(|_| half::f16::from_f32(rng.unit() * 0.05).to_bits())
-                .collect();
+            let mut scales: Vec<u16> = Vec::new();
+            for _ in 0..blocks * format.scales() {
+                let v = rng.unit() * 0.05;
+                match format.wide_scales() {
+                    true => scales.extend([v.to_bits() as u16, (v.to_bits() >> 16) as u16]),
+                    false => scales.push(half::f16::from_f32(v).to_bits()),
+                }
+            }
             let w = QuantWeights::new(format, rows, cols, &codes, &scales).expect("shape");
             let il = InterleavedWeights::new(&w);
             let x: Vec<f32> = (0..tokens * cols).map(|_| rng.unit() * 2.0).collect();

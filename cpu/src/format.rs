@@ -17,6 +17,15 @@ pub enum QuantFormat {
     /// `d * (q - 16)`, 5-bit codes: four bytes of high bits (bit `j` for value `j`), then
     /// the low nibbles as Q4's.
     Q5_0,
+    /// `d * q + m` with FP32 `d` and `m`, 4-bit codes as Q4_1's: a group of 32 of a Q4_K
+    /// super-block (`d = d_K * scale`, `m = -dmin_K * min`, both exact in FP32).
+    K4,
+    /// `d * q + m` with FP32 `d` and `m`, 5-bit codes as Q5_0's: a group of a Q5_K
+    /// super-block, or a Q5_1 block.
+    K5,
+    /// `d_h * q`, signed 8-bit codes with an FP32 scale `d_h` for each half `h` of 16
+    /// values: a group of a Q6_K or Q3_K super-block.
+    K8,
 }
 
 impl QuantFormat {
@@ -24,8 +33,8 @@ impl QuantFormat {
     /// and 16 nibble pairs.
     pub const fn code_bytes(self) -> usize {
         match self {
-            Self::Q8_0 => 32,
-            Self::Q5_0 => 20,
+            Self::Q8_0 | Self::K8 => 32,
+            Self::Q5_0 | Self::K5 => 20,
             _ => 16,
         }
     }
@@ -33,27 +42,56 @@ impl QuantFormat {
     /// Bytes of high bits at the start of a block's codes (Q5_0's `qh`).
     pub const fn high_bytes(self) -> usize {
         match self {
-            Self::Q5_0 => 4,
+            Self::Q5_0 | Self::K5 => 4,
             _ => 0,
         }
     }
 
+    /// Whether codes are signed bytes (Q8_0, K8) rather than 4- or 5-bit unsigned codes.
+    pub(crate) const fn signed_codes(self) -> bool {
+        matches!(self, Self::Q8_0 | Self::K8)
+    }
+
+    /// Whether the scales are FP32 (the K formats) rather than IEEE halves.
+    pub const fn wide_scales(self) -> bool {
+        matches!(self, Self::K4 | Self::K5 | Self::K8)
+    }
+
+    /// Whether a block's product has an offset term `m * sum(x)`.
+    pub(crate) const fn has_offset(self) -> bool {
+        !self.signed_codes()
+    }
+
+    /// Scales per block: `d` (and `m` for Q4_1, K4, K5; K8: one `d` per half).
+    pub const fn scales(self) -> usize {
+        match self {
+            Self::Q4_1 | Self::K4 | Self::K5 | Self::K8 => 2,
+            _ => 1,
+        }
+    }
+
+    /// Bytes of one scale: 2 (halves) or 4 (FP32).
+    pub const fn scale_bytes(self) -> usize {
+        if self.wide_scales() {
+            4
+        } else {
+            2
+        }
+    }
+
     /// What a block adds per unit of `sum(x)`, given its `d`: `-8 d` for Q4_0, `-16 d` for
-    /// Q5_0 (codes read unsigned), 0 for Q8_0; Q4_1 carries its own `m`.
+    /// Q5_0 (codes read unsigned), 0 for Q8_0 and K8; Q4_1, K4 and K5 carry their own `m`.
     pub(crate) fn offset(self, d: f32) -> f32 {
         match self {
             Self::Q4_0 => -8.0 * d,
             Self::Q5_0 => -16.0 * d,
-            Self::Q4_1 | Self::Q8_0 => 0.0,
+            _ => 0.0,
         }
     }
 
-    /// Scale halves per block: `d` and `m` for Q4_1, `d` otherwise.
+    /// 16-bit scale words per block: a half per scale, or two (low first) per FP32 one.
     pub const fn scale_halves(self) -> usize {
-        match self {
-            Self::Q4_1 => 2,
-            _ => 1,
-        }
+        self.scales() * self.scale_bytes() / 2
     }
 }
 
@@ -74,9 +112,10 @@ pub enum WeightsError {
 }
 
 /// A `[rows, cols]` block-quantized matrix, borrowed: the blocks' codes as in the file
-/// (Q4: value `j < 16` in the low nibble of byte `j`, value `j + 16` in its high nibble;
-/// Q8_0: one signed byte per value; Q5_0: `qh` then Q4's nibbles) and their scales as
-/// IEEE halves (Q4_1: `d, m` per block). Rows are runs of blocks.
+/// (Q4, K4: value `j < 16` in the low nibble of byte `j`, value `j + 16` in its high
+/// nibble; Q8_0, K8: one signed byte per value; Q5_0, K5: `qh` then Q4's nibbles) and their
+/// scales as 16-bit words: IEEE halves (Q4_1: `d, m` per block), or FP32 values as two
+/// words, low first (the K formats). Rows are runs of blocks.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantWeights<'a> {
     pub(crate) format: QuantFormat,
@@ -87,7 +126,7 @@ pub struct QuantWeights<'a> {
 }
 
 impl<'a> QuantWeights<'a> {
-    /// A view of `rows` rows of `cols` values; `scales` may carry one padding half.
+    /// A view of `rows` rows of `cols` values; `scales` may carry one padding word.
     pub fn new(
         format: QuantFormat,
         rows: usize,
@@ -145,36 +184,49 @@ impl<'a> QuantWeights<'a> {
         &self.scales[r * n..(r + 1) * n]
     }
 
+    /// Block `b` of row `r`'s two scales: `(d, m)`, or K8's `(d_0, d_1)`.
+    fn block_scales(&self, r: usize, b: usize) -> (f32, f32) {
+        let words = self.row_scales(r);
+        let sh = self.format.scale_halves();
+        let scale = |i: usize| scale_at(self.format, &words[b * sh..], i);
+        match (self.format, self.format.scales()) {
+            (f, 1) => (scale(0), f.offset(scale(0))),
+            _ => (scale(0), scale(1)),
+        }
+    }
+
     /// Row `r` decoded to FP32 into `out` (`cols` values): `d * q + m` per value.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let codes = self.row_codes(r);
-        let scales = self.row_scales(r);
-        let half = |i: usize| f16::from_bits(scales[i]).to_f32();
         let cb = self.format.code_bytes();
         for (b, values) in out[..self.cols].chunks_exact_mut(QBLOCK).enumerate() {
             let block = &codes[b * cb..(b + 1) * cb];
-            match self.format {
-                QuantFormat::Q8_0 => {
-                    let d = half(b);
-                    for (v, &q) in values.iter_mut().zip(block) {
-                        *v = d * f32::from(q as i8);
-                    }
+            let (d, m) = self.block_scales(r, b);
+            if self.format.signed_codes() {
+                // Q8_0: `m` is 0; K8: `m` is the second half's scale.
+                let second = if self.format == QuantFormat::K8 { m } else { d };
+                for (j, (v, &q)) in values.iter_mut().zip(block).enumerate() {
+                    *v = if j < 16 { d } else { second } * f32::from(q as i8);
                 }
-                QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 => {
-                    let (d, m) = match self.format {
-                        QuantFormat::Q4_1 => (half(2 * b), half(2 * b + 1)),
-                        f => (half(b), f.offset(half(b))),
-                    };
-                    let (high, nibbles) = block.split_at(self.format.high_bytes());
-                    let qh = high_bits(high);
-                    for (j, &byte) in nibbles.iter().enumerate() {
-                        let (lo, hi) = five_bit(byte, qh, j);
-                        values[j] = d * f32::from(lo) + m;
-                        values[j + 16] = d * f32::from(hi) + m;
-                    }
-                }
+                continue;
+            }
+            let (high, nibbles) = block.split_at(self.format.high_bytes());
+            let qh = high_bits(high);
+            for (j, &byte) in nibbles.iter().enumerate() {
+                let (lo, hi) = five_bit(byte, qh, j);
+                values[j] = d * f32::from(lo) + m;
+                values[j + 16] = d * f32::from(hi) + m;
             }
         }
+    }
+}
+
+/// Scale `i` of a block whose scale words start `words`: a half, or FP32 from two words.
+pub(crate) fn scale_at(format: QuantFormat, words: &[u16], i: usize) -> f32 {
+    if format.wide_scales() {
+        f32::from_bits(u32::from(words[2 * i]) | u32::from(words[2 * i + 1]) << 16)
+    } else {
+        f16::from_bits(words[i]).to_f32()
     }
 }
 

@@ -3,14 +3,15 @@
 //!
 //! Rows are taken in groups of [`LANES`] (the last group padded with zero rows). A group
 //! is a run of group-blocks, one per block of 32 columns, each holding:
-//! - the eight rows' `d` as IEEE halves, then (Q4_1) their eight `m`;
-//! - (Q5_0) the eight rows' high-bit words `qh`, row `l`'s at `4l`;
+//! - the eight rows' `d` as IEEE halves (FP32 for the K formats), then (Q4_1, K4, K5)
+//!   their eight `m` (K8: their eight second-half `d`);
+//! - (Q5_0, K5) the eight rows' high-bit words `qh`, row `l`'s at `4l`;
 //! - the eight rows' codes in chunks of 32 bytes: chunk `c` holds 4 bytes of each row,
 //!   row `l`'s bytes `4c..4c + 4` of its block at `32c + 4l`. For Q4 that is values
-//!   `4c..4c + 4` in the low nibbles and `16 + 4c..` in the high ones; for Q8_0 values
-//!   `4c..4c + 4`.
+//!   `4c..4c + 4` in the low nibbles and `16 + 4c..` in the high ones; for Q8_0 and K8
+//!   values `4c..4c + 4`.
 //!
-//! It takes the same bytes as the file's blocks (plus the padding rows).
+//! It takes the same bytes as the blocks it is made from (plus the padding rows).
 
 use half::f16;
 
@@ -26,6 +27,14 @@ pub struct InterleavedWeights {
     pub(crate) rows: usize,
     pub(crate) cols: usize,
     pub(crate) data: Vec<u8>,
+}
+
+/// Where row `l`'s 16-bit scale word `h` of a block lies in a group-block: scale `s` of
+/// the eight rows is a run of eight halves or FP32 values.
+const fn scale_offset(format: QuantFormat, l: usize, h: usize) -> usize {
+    let per = format.scale_bytes() / 2;
+    let (s, part) = (h / per, h % per);
+    (s * LANES + l) * format.scale_bytes() + 2 * part
 }
 
 /// Where row `l`'s code byte `i` of a block lies among a group-block's codes.
@@ -70,10 +79,9 @@ impl InterleavedWeights {
             for b in 0..nb {
                 let at = (g * nb + b) * gbb;
                 let block = &mut data[at..at + gbb];
-                for h in 0..sh {
-                    let v = halves[b * sh + h].to_le_bytes();
-                    let o = 2 * (h * LANES + l);
-                    block[o..o + 2].copy_from_slice(&v);
+                for (h, word) in halves[b * sh..(b + 1) * sh].iter().enumerate() {
+                    let o = scale_offset(format, l, h);
+                    block[o..o + 2].copy_from_slice(&word.to_le_bytes());
                 }
                 let own = &codes[b * cb..(b + 1) * cb];
                 block[high_at + hb * l..high_at + hb * (l + 1)].copy_from_slice(&own[..hb]);
@@ -139,7 +147,7 @@ impl InterleavedWeights {
         let mut halves = Vec::with_capacity(nb * sh);
         for block in group.chunks_exact(gbb) {
             for h in 0..sh {
-                let o = 2 * (h * LANES + l);
+                let o = scale_offset(f, l, h);
                 halves.push(u16::from_le_bytes([block[o], block[o + 1]]));
             }
             codes.extend_from_slice(&block[high_at + hb * l..high_at + hb * (l + 1)]);
@@ -178,13 +186,21 @@ impl InterleavedWeights {
     }
 }
 
-/// A group-block's scales in FP32: `d` and `m` per lane (`m` as in `crate::dot`).
+/// A group-block's scales in FP32: `d` and `m` per lane (`m` as in `crate::dot`; K8: the
+/// second half's `d`).
 pub(crate) fn group_scales(format: QuantFormat, block: &[u8]) -> ([f32; LANES], [f32; LANES]) {
-    let half = |i: usize| f16::from_bits(u16::from_le_bytes([block[2 * i], block[2 * i + 1]]));
-    let d: [f32; LANES] = std::array::from_fn(|l| half(l).to_f32());
-    let m: [f32; LANES] = match format {
-        QuantFormat::Q4_1 => std::array::from_fn(|l| half(LANES + l).to_f32()),
-        f => std::array::from_fn(|l| f.offset(d[l])),
+    let sb = format.scale_bytes();
+    let scale = |s: usize, l: usize| {
+        let at = (s * LANES + l) * sb;
+        match sb {
+            4 => f32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]),
+            _ => f16::from_bits(u16::from_le_bytes([block[at], block[at + 1]])).to_f32(),
+        }
+    };
+    let d: [f32; LANES] = std::array::from_fn(|l| scale(0, l));
+    let m: [f32; LANES] = match format.scales() {
+        2 => std::array::from_fn(|l| scale(1, l)),
+        _ => std::array::from_fn(|l| format.offset(d[l])),
     };
     (d, m)
 }

@@ -6,8 +6,8 @@
 //! A group-block's eight rows sit in two vectors of four lanes (see
 //! `crate::interleaved`): each half of a 32-byte chunk of codes holds four bytes of four
 //! rows, multiplied by the token's four matching activation bytes broadcast to every lane.
-//! Q4 codes (0..15), Q5_0 codes (0..31, the high bits spread into bytes) and Q8_0 codes
-//! all multiply as signed bytes.
+//! Q4 and K4 codes (0..15), Q5_0 and K5 codes (0..31, the high bits spread into bytes) and
+//! Q8_0 and K8 codes all multiply as signed bytes.
 
 macro_rules! level {
     ($name:ident, $features:literal, |$a:ident, $w:ident, $x:ident| $step:expr) => {
@@ -72,21 +72,26 @@ macro_rules! level {
                     let codes = unsafe { block.as_ptr().add(codes_at) };
                     let xb: [*const i8; N] =
                         std::array::from_fn(|j| unsafe { x[j].0.as_ptr().add(QBLOCK * b) });
+                    // K8 sums its two halves of values apart (one scale each): `second`
+                    // holds chunks 4..8 there.
                     let mut isum = [[vdupq_n_s32(0); 2]; N];
-                    if format == QuantFormat::Q8_0 {
+                    let mut second = [[vdupq_n_s32(0); 2]; N];
+                    if format.signed_codes() {
+                        let split = if format == QuantFormat::K8 { 4 } else { 8 };
                         for c in 0..8 {
+                            let sums = if c < split { &mut isum } else { &mut second };
                             for h in 0..2 {
                                 let w =
                                     unsafe { vld1q_s8(codes.add(32 * c + 16 * h) as *const i8) };
                                 for j in 0..N {
                                     let xv = unsafe { broadcast(xb[j].add(4 * c)) };
-                                    isum[j][h] = step(isum[j][h], w, xv);
+                                    sums[j][h] = step(sums[j][h], w, xv);
                                 }
                             }
                         }
                     } else {
-                        // Q5_0's high-bit words, four lanes a half (zero for Q4).
-                        let qh = match format == QuantFormat::Q5_0 {
+                        // Q5_0's and K5's high-bit words, four lanes a half (zero for Q4).
+                        let qh = match format.high_bytes() > 0 {
                             true => {
                                 let high = unsafe { block.as_ptr().add(format.group_high_at()) };
                                 let word =
@@ -116,7 +121,11 @@ macro_rules! level {
                         for h in 0..2 {
                             let scale = vmulq_f32(d[h], vdupq_n_f32(xd));
                             acc[j][h] = vfmaq_f32(acc[j][h], vcvtq_f32_s32(isum[j][h]), scale);
-                            if format != QuantFormat::Q8_0 {
+                            if format == QuantFormat::K8 {
+                                let scale = vmulq_f32(m[h], vdupq_n_f32(xd));
+                                let s = vcvtq_f32_s32(second[j][h]);
+                                acc[j][h] = vfmaq_f32(acc[j][h], s, scale);
+                            } else if format.has_offset() {
                                 acc[j][h] = vfmaq_f32(acc[j][h], m[h], vdupq_n_f32(xs));
                             }
                         }

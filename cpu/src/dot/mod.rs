@@ -2,9 +2,11 @@
 //! SIMD level.
 //!
 //! A block's product is `d_w d_x sum(q_w q_x) + m_w s_x`: the integer sum in SIMD, `m_w`
-//! being Q4_1's `m`, `-8 d_w` for Q4_0 (whose codes are read as 0..15) and 0 for Q8_0.
-//! Each lane (row) accumulates `fma(sum, d_w d_x, acc)` then `fma(m_w, s_x, acc)` block by
-//! block, whatever the batch, so a token's result does not depend on the tokens beside it.
+//! being Q4_1's, K4's and K5's `m`, `-8 d_w` for Q4_0 (whose codes are read as 0..15),
+//! `-16 d_w` for Q5_0 and 0 for Q8_0. K8 has a `d_w` per half of 16 values and sums the
+//! halves apart: `fma(sum_1, d_w1 d_x, fma(sum_0, d_w0 d_x, acc))`. Each lane (row)
+//! accumulates `fma(sum, d_w d_x, acc)` then `fma(m_w, s_x, acc)` block by block, whatever
+//! the batch, so a token's result does not depend on the tokens beside it.
 
 /// A level's `tokens`: tokens `t0..t0 + n` (`n` at most [`TILE`]) against one group,
 /// through the level's `tile::<N>` (defined beside it) for the `N` that fits.

@@ -2,25 +2,26 @@
 //! the SIMD levels lane for lane (fused multiply-adds in the same order), so every level
 //! gives the same results.
 
+use std::ops::Range;
+
 use crate::activations::Q8Activations;
 use crate::format::{five_bit, high_bits, QuantFormat, QBLOCK};
 use crate::interleaved::{group_scales, LANES};
 
-/// `sum(q_w q_x)` of lane `l` over one group-block (Q4 codes read as 0..15, Q5_0's as
-/// 0..31).
-fn lane_isum(format: QuantFormat, block: &[u8], l: usize, x: &[i8]) -> i32 {
+/// `sum(q_w q_x)` of lane `l` over chunks `chunks` of one group-block (Q4 codes read as
+/// 0..15, Q5_0's as 0..31).
+fn lane_isum(format: QuantFormat, block: &[u8], l: usize, x: &[i8], chunks: Range<usize>) -> i32 {
     let codes = &block[format.group_codes_at()..];
     let hb = format.high_bytes();
     let high_at = format.group_high_at() + hb * l;
     let qh = high_bits(&block[high_at..high_at + hb]);
-    let chunks = (format.code_bytes() - hb) / 4;
     let mut sum = 0i32;
-    for c in 0..chunks {
+    for c in chunks {
         for i in 0..4 {
             let byte = codes[32 * c + 4 * l + i];
             let k = 4 * c + i;
-            sum += match format {
-                QuantFormat::Q8_0 => i32::from(byte as i8) * i32::from(x[k]),
+            sum += match format.signed_codes() {
+                true => i32::from(byte as i8) * i32::from(x[k]),
                 _ => {
                     let (lo, hi) = five_bit(byte, qh, k);
                     i32::from(lo) * i32::from(x[k]) + i32::from(hi) * i32::from(x[k + 16])
@@ -47,10 +48,19 @@ pub(super) fn tokens(
         for (b, block) in group.chunks_exact(gbb).enumerate() {
             let (d, m) = group_scales(format, block);
             let x = &q[b * QBLOCK..(b + 1) * QBLOCK];
+            let chunks = (format.code_bytes() - format.high_bytes()) / 4;
             for (l, acc) in o.iter_mut().enumerate() {
-                let isum = lane_isum(format, block, l, x);
+                if format == QuantFormat::K8 {
+                    // One scale per half: chunks 0..4 hold values 0..16.
+                    let first = lane_isum(format, block, l, x, 0..4);
+                    let second = lane_isum(format, block, l, x, 4..8);
+                    *acc = (first as f32).mul_add(d[l] * xd[b], *acc);
+                    *acc = (second as f32).mul_add(m[l] * xd[b], *acc);
+                    continue;
+                }
+                let isum = lane_isum(format, block, l, x, 0..chunks);
                 *acc = (isum as f32).mul_add(d[l] * xd[b], *acc);
-                if format != QuantFormat::Q8_0 {
+                if format.has_offset() {
                     *acc = m[l].mul_add(xs[b], *acc);
                 }
             }

@@ -4,10 +4,10 @@
 //!
 //! A group-block's eight rows sit in the lanes (see `crate::interleaved`): a 32-byte chunk
 //! of codes holds four bytes of each row, multiplied by the token's four matching
-//! activation bytes broadcast to every lane. Q4 codes (0..15) are unsigned and multiply
-//! the signed activations directly; Q5_0's (0..31, the high bits spread into bytes) too,
-//! summed in 32 bits; Q8_0 codes are signed, so the product is taken as
-//! `|w| * (x with w's sign)`.
+//! activation bytes broadcast to every lane. Q4 and K4 codes (0..15) are unsigned and
+//! multiply the signed activations directly; Q5_0's and K5's (0..31, the high bits spread
+//! into bytes) too, summed in 32 bits; Q8_0 and K8 codes are signed, so the product is
+//! taken as `|w| * (x with w's sign)`.
 
 macro_rules! level {
     (
@@ -57,6 +57,30 @@ macro_rules! level {
                 _mm256_and_si256(set, _mm256_set1_epi8(16))
             }
 
+            /// A group-block's two scale vectors, `d` and `m` (see `crate::dot`; K8: the
+            /// second half's `d`).
+            ///
+            /// # Safety
+            /// `block` starts a group-block of `format`.
+            #[target_feature(enable = $features)]
+            unsafe fn block_scales(format: QuantFormat, block: *const u8) -> (__m256, __m256) {
+                // SAFETY: the scales lead the group-block.
+                unsafe {
+                    if format.wide_scales() {
+                        let d = _mm256_loadu_ps(block as *const f32);
+                        return (d, _mm256_loadu_ps(block.add(4 * LANES) as *const f32));
+                    }
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(block as *const __m128i));
+                    let m = match format {
+                        QuantFormat::Q4_1 => {
+                            _mm256_cvtph_ps(_mm_loadu_si128(block.add(2 * LANES) as *const __m128i))
+                        }
+                        f => _mm256_mul_ps(d, _mm256_set1_ps(f.offset(1.0))),
+                    };
+                    (d, m)
+                }
+            }
+
             /// Four activation bytes in every lane.
             #[target_feature(enable = $features)]
             unsafe fn broadcast(x: *const i8) -> __m256i {
@@ -86,21 +110,26 @@ macro_rules! level {
                 for b in 0..nb {
                     let block = unsafe { group.as_ptr().add(b * gbb) };
                     let codes = unsafe { block.add(codes_at) };
-                    let d = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(block as *const __m128i) });
+                    let (d, m) = unsafe { block_scales(format, block) };
                     let xb: [*const i8; N] =
                         std::array::from_fn(|j| unsafe { x[j].0.as_ptr().add(QBLOCK * b) });
+                    // K8 sums its two halves apart (one scale each): `second` holds chunks
+                    // 4..8 there.
                     let mut isum = [_mm256_setzero_si256(); N];
-                    if format == QuantFormat::Q8_0 {
+                    let mut second = [_mm256_setzero_si256(); N];
+                    if format.signed_codes() {
+                        let split = if format == QuantFormat::K8 { 4 } else { 8 };
                         for c in 0..8 {
                             let w =
                                 unsafe { _mm256_loadu_si256(codes.add(32 * c) as *const __m256i) };
                             let aw = _mm256_sign_epi8(w, w);
+                            let sums = if c < split { &mut isum } else { &mut second };
                             for j in 0..N {
                                 let xv = unsafe { broadcast(xb[j].add(4 * c)) };
-                                isum[j] = q8_step(isum[j], aw, _mm256_sign_epi8(xv, w));
+                                sums[j] = q8_step(sums[j], aw, _mm256_sign_epi8(xv, w));
                             }
                         }
-                    } else if format == QuantFormat::Q5_0 {
+                    } else if format.high_bytes() > 0 {
                         // Codes of 0..31: products too large for Q4's 16-bit sums.
                         let high = unsafe { block.add(format.group_high_at()) };
                         let qh = unsafe { _mm256_loadu_si256(high as *const __m256i) };
@@ -134,19 +163,16 @@ macro_rules! level {
                             *s = q4_sum(*s);
                         }
                     }
-                    let m = match format {
-                        QuantFormat::Q4_1 => _mm256_cvtph_ps(unsafe {
-                            _mm_loadu_si128(block.add(2 * LANES) as *const __m128i)
-                        }),
-                        QuantFormat::Q5_0 => _mm256_mul_ps(d, _mm256_set1_ps(-16.0)),
-                        _ => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
-                    };
                     for j in 0..N {
                         let (xd, xs) =
                             unsafe { (*x[j].1.get_unchecked(b), *x[j].2.get_unchecked(b)) };
-                        let scale = _mm256_mul_ps(d, _mm256_set1_ps(xd));
+                        let xd = _mm256_set1_ps(xd);
+                        let scale = _mm256_mul_ps(d, xd);
                         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), scale, acc[j]);
-                        if format != QuantFormat::Q8_0 {
+                        if format == QuantFormat::K8 {
+                            let scale = _mm256_mul_ps(m, xd);
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second[j]), scale, acc[j]);
+                        } else if format.has_offset() {
                             acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs), acc[j]);
                         }
                     }

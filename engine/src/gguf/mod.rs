@@ -4,6 +4,7 @@
 //! and in the browser (a fetched buffer).
 
 mod error;
+mod groups;
 mod reader;
 #[cfg(test)]
 mod tests;
@@ -12,6 +13,7 @@ mod value;
 mod writer;
 
 pub use error::GgufError;
+pub use groups::Group;
 pub use reader::{GgufFile, TensorInfo};
 pub use types::GgmlType;
 pub use value::Value;

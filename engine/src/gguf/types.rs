@@ -164,15 +164,16 @@ impl GgmlType {
                 let d = half(b, 0);
                 fifth_bits(&b[2..6], &b[6..22], o, |q| d * (q - 16.0));
             }),
-            Self::Q5_1 => blocks.for_each(|(b, o)| {
-                let (d, m) = (half(b, 0), half(b, 2));
-                fifth_bits(&b[4..8], &b[8..24], o, |q| d * q + m);
-            }),
-            Self::Q2_K => blocks.for_each(|(b, o)| q2_k(b, o)),
-            Self::Q3_K => blocks.for_each(|(b, o)| q3_k(b, o)),
-            Self::Q4_K => blocks.for_each(|(b, o)| q4_k(b, o)),
-            Self::Q5_K => blocks.for_each(|(b, o)| q5_k(b, o)),
-            Self::Q6_K => blocks.for_each(|(b, o)| q6_k(b, o)),
+            Self::Q5_1 | Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K => blocks
+                .for_each(|(b, o)| {
+                    let mut values = o.chunks_exact_mut(32);
+                    self.groups(b, |g| {
+                        let out = values.next().expect("a block's groups fill it");
+                        for (j, v) in out.iter_mut().enumerate() {
+                            *v = g.value(j);
+                        }
+                    });
+                }),
         }
     }
 }
@@ -182,7 +183,7 @@ fn half(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-/// Q5_0 / Q5_1 codes: value `j < 16` is the low nibble of `low[j]`, value `j + 16` its high
+/// Q5_0 codes: value `j < 16` is the low nibble of `low[j]`, value `j + 16` its high
 /// nibble, and bit `j` of the little-endian word `high` is value `j`'s fifth bit.
 fn fifth_bits(high: &[u8], low: &[u8], o: &mut [f32], value: impl Fn(f32) -> f32) {
     let high = u32::from_le_bytes([high[0], high[1], high[2], high[3]]);
@@ -191,115 +192,6 @@ fn fifth_bits(high: &[u8], low: &[u8], o: &mut [f32], value: impl Fn(f32) -> f32
         let hi = u32::from(q >> 4) | ((high >> (j + 16)) & 1) << 4;
         o[j] = value(lo as f32);
         o[j + 16] = value(hi as f32);
-    }
-}
-
-/// Q2_K: sixteen groups of 16 values, each `d * scale * q - dmin * min` with a 4-bit scale
-/// (low nibble) and min (high nibble) per group. Codes: each 32-byte half of `qs` holds
-/// 128 values, four 2-bit planes of 32 (plane `p` at bits `2p`).
-fn q2_k(b: &[u8], o: &mut [f32]) {
-    let (scales, qs) = (&b[0..16], &b[16..80]);
-    let (d, dmin) = (half(b, 80), half(b, 82));
-    for (i, v) in o.iter_mut().enumerate() {
-        let (half_block, plane, l) = (i / 128, i % 128 / 32, i % 32);
-        let sc = scales[i / 16];
-        let q = (qs[half_block * 32 + l] >> (2 * plane)) & 3;
-        *v = d * f32::from(sc & 0x0f) * f32::from(q) - dmin * f32::from(sc >> 4);
-    }
-}
-
-/// Q3_K: sixteen groups of 16 values, each `d * (scale - 32) * (q - 4 * !high)`: 2-bit codes
-/// laid out as Q2_K's, a third bit per value in `hmask` (bit `i / 32` of byte `i % 32`,
-/// set meaning no offset), and 6-bit scales (low nibbles in bytes 0-7, scales 8-15 in their
-/// high nibbles; the top two bits of scale `s` at bits `2 (s / 4)` of byte `8 + s % 4`).
-fn q3_k(b: &[u8], o: &mut [f32]) {
-    let (hmask, qs, packed) = (&b[0..32], &b[32..96], &b[96..108]);
-    let d = half(b, 108);
-    let scale = |s: usize| {
-        let low = if s < 8 {
-            packed[s] & 0x0f
-        } else {
-            packed[s - 8] >> 4
-        };
-        let top = (packed[8 + s % 4] >> (2 * (s / 4))) & 3;
-        f32::from(low | top << 4) - 32.0
-    };
-    for (i, v) in o.iter_mut().enumerate() {
-        let (half_block, plane, l) = (i / 128, i % 128 / 32, i % 32);
-        let q = (qs[half_block * 32 + l] >> (2 * plane)) & 3;
-        let high = hmask[l] >> (i / 32) & 1;
-        let q = f32::from(q) - if high == 1 { 0.0 } else { 4.0 };
-        *v = d * scale(i / 16) * q;
-    }
-}
-
-/// Scale and min `j` (of eight, 6 bits each) packed in the 12 bytes Q4_K and Q5_K share:
-/// `j < 4` in the low 6 bits of bytes `j` (scale) and `j + 4` (min); the others' low
-/// 4 bits in byte `j + 4` (scale low nibble, min high nibble) and their top 2 bits in the
-/// top bits of bytes `j - 4` (scale) and `j` (min).
-fn scale_min_k4(packed: &[u8], j: usize) -> (f32, f32) {
-    let (sc, m) = if j < 4 {
-        (packed[j] & 63, packed[j + 4] & 63)
-    } else {
-        (
-            (packed[j + 4] & 0x0f) | (packed[j - 4] >> 6) << 4,
-            (packed[j + 4] >> 4) | (packed[j] >> 6) << 4,
-        )
-    };
-    (f32::from(sc), f32::from(m))
-}
-
-/// Q4_K: eight groups of 32 values, each `d * scale * q - dmin * min`. Each 32-byte run of
-/// codes holds two groups: the low nibbles the first, the high nibbles the second.
-fn q4_k(b: &[u8], o: &mut [f32]) {
-    let (d, dmin) = (half(b, 0), half(b, 2));
-    let (packed, qs) = (&b[4..16], &b[16..144]);
-    for (i, v) in o.iter_mut().enumerate() {
-        let group = i / 32;
-        let byte = qs[group / 2 * 32 + i % 32];
-        let q = if group % 2 == 0 {
-            byte & 0x0f
-        } else {
-            byte >> 4
-        };
-        let (sc, m) = scale_min_k4(packed, group);
-        *v = d * sc * f32::from(q) - dmin * m;
-    }
-}
-
-/// Q5_K: Q4_K with a fifth bit per value: bit `group` of byte `i % 32` of `qh`.
-fn q5_k(b: &[u8], o: &mut [f32]) {
-    let (d, dmin) = (half(b, 0), half(b, 2));
-    let (packed, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
-    for (i, v) in o.iter_mut().enumerate() {
-        let group = i / 32;
-        let byte = qs[group / 2 * 32 + i % 32];
-        let low = if group % 2 == 0 {
-            byte & 0x0f
-        } else {
-            byte >> 4
-        };
-        let q = low | (qh[i % 32] >> group & 1) << 4;
-        let (sc, m) = scale_min_k4(packed, group);
-        *v = d * sc * f32::from(q) - dmin * m;
-    }
-}
-
-/// Q6_K: sixteen groups of 16 values, each `d * scale * (q - 32)` with a signed 8-bit
-/// scale. Per 128 values, `ql` holds 64 bytes (values `l` and `l + 64` in the low and high
-/// nibbles of byte `l`, `l < 64`) and `qh` 32 (the top 2 bits of values `l`, `l + 32`,
-/// `l + 64`, `l + 96` at bits 0, 2, 4, 6 of byte `l`, `l < 32`).
-fn q6_k(b: &[u8], o: &mut [f32]) {
-    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
-    let d = half(b, 208);
-    for (i, v) in o.iter_mut().enumerate() {
-        let (n, r) = (i / 128, i % 128);
-        let (quarter, l) = (r / 32, r % 32);
-        let byte = ql[n * 64 + (quarter % 2) * 32 + l];
-        let low = if quarter < 2 { byte & 0x0f } else { byte >> 4 };
-        let top = (qh[n * 32 + l] >> (2 * quarter)) & 3;
-        let q = i32::from(low | top << 4) - 32;
-        *v = d * f32::from(scales[i / 16] as i8) * q as f32;
     }
 }
 

@@ -12,4 +12,4 @@ mod tests;
 pub use matrix::{QuantMatrix, QuantStore};
 pub use ops::QuantOps;
 pub(crate) use ops::{by_dequantized_rows, quant_tensors};
-pub use packed::{format_code, packable, PackedMatrix};
+pub use packed::{cpu_format, format_code, packable, PackedMatrix};

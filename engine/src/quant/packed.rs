@@ -22,7 +22,7 @@ pub struct PackedMatrix {
     pub cols: usize,
     /// Code words.
     pub quants: Vec<u32>,
-    /// Scale words (IEEE halves).
+    /// Scale words: IEEE halves, or (the K-quants' groups) FP32 values as two words.
     pub scales: Vec<u32>,
 }
 
@@ -36,24 +36,44 @@ pub fn format_code(ty: GgmlType) -> Option<u32> {
     }
 }
 
-/// Whether some backend's kernels read `ty`: the CubeCL kernels' types
-/// ([`format_code`]) and Q5_0, which only the CPU kernels read so far.
+/// The CPU kernels' format for `ty`: the legacy blocks as they are, the K-quants (and
+/// Q5_1) as groups of 32 with FP32 scales; `None` for Q2_K (a min per 16 values) and
+/// the float types.
+pub fn cpu_format(ty: GgmlType) -> Option<fornax_cpu::QuantFormat> {
+    use fornax_cpu::QuantFormat as F;
+    Some(match ty {
+        GgmlType::Q4_0 => F::Q4_0,
+        GgmlType::Q4_1 => F::Q4_1,
+        GgmlType::Q8_0 => F::Q8_0,
+        GgmlType::Q5_0 => F::Q5_0,
+        GgmlType::Q4_K => F::K4,
+        GgmlType::Q5_K | GgmlType::Q5_1 => F::K5,
+        GgmlType::Q6_K | GgmlType::Q3_K => F::K8,
+        _ => return None,
+    })
+}
+
+/// Whether some backend's kernels read `ty`: the CPU kernels' types ([`cpu_format`]),
+/// of which the CubeCL kernels read Q4_0, Q4_1 and Q8_0 ([`format_code`]).
 pub fn packable(ty: GgmlType) -> bool {
-    format_code(ty).is_some() || ty == GgmlType::Q5_0
+    cpu_format(ty).is_some()
 }
 
 impl PackedMatrix {
     /// Repacks the GGUF blocks of a `[rows, cols]` matrix; `None` for a type without
     /// kernels, rows that are not whole blocks, or `bytes` that are not `rows * cols` values.
-    /// A block's codes are what follows its halves (Q5_0: `qh`, then the nibbles).
+    /// A legacy block's codes are what follows its halves (Q5_0: `qh`, then the nibbles);
+    /// the K-quants and Q5_1 become groups of 32 ([`PackedMatrix::pack_groups`]).
     pub fn pack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
-        if !packable(ty) {
+        let format = cpu_format(ty)?;
+        let block_bytes = ty.block_bytes() as usize;
+        let per_block = ty.block_elements() as usize;
+        let blocks = rows * cols / per_block;
+        if !cols.is_multiple_of(per_block) || bytes.len() != blocks * block_bytes {
             return None;
         }
-        let block_bytes = ty.block_bytes() as usize;
-        let blocks = rows * cols / QBLOCK;
-        if !cols.is_multiple_of(QBLOCK) || bytes.len() != blocks * block_bytes {
-            return None;
+        if ty.has_groups() {
+            return Some(Self::pack_groups(ty, format, bytes, rows, cols));
         }
         // Offset of the codes in a block: after d (and m for Q4_1).
         let codes_at = if ty == GgmlType::Q4_1 { 4 } else { 2 };
@@ -70,6 +90,46 @@ impl PackedMatrix {
             debug_assert_eq!(codes.len(), blocks * 4 * quant_words(format));
         }
         Some(Self::from_blocks(ty, rows, cols, &codes, &halves))
+    }
+
+    /// A K-quant (or Q5_1) matrix as the CPU kernels' groups of 32 (`format`: K4, K5 or
+    /// K8): codes as Q4_1's, Q5_0's or signed bytes, and each group's two FP32 scales
+    /// (`scale, min`, or K8's scale per half) as two 16-bit words each, low first.
+    fn pack_groups(
+        ty: GgmlType,
+        format: fornax_cpu::QuantFormat,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Self {
+        use fornax_cpu::QuantFormat as F;
+        let groups = rows * cols / QBLOCK;
+        let mut codes = Vec::with_capacity(groups * format.code_bytes());
+        let mut words: Vec<u16> = Vec::with_capacity(groups * format.scale_halves());
+        for block in bytes.chunks_exact(ty.block_bytes() as usize) {
+            ty.groups(block, |g| {
+                let u = |j: usize| g.q[j] as u8;
+                let scales = match format {
+                    F::K8 => g.scale,
+                    _ => [g.scale[0], g.min[0]],
+                };
+                debug_assert!(format == F::K8 || (g.scale[0], g.min[0]) == (g.scale[1], g.min[1]));
+                match format {
+                    F::K8 => codes.extend((0..32).map(u)),
+                    _ => {
+                        if format == F::K5 {
+                            let qh = (0..32).fold(0u32, |w, j| w | u32::from(u(j) >> 4 & 1) << j);
+                            codes.extend(qh.to_le_bytes());
+                        }
+                        codes.extend((0..16).map(|j| u(j) & 15 | (u(j + 16) & 15) << 4));
+                    }
+                }
+                for v in scales {
+                    words.extend([v.to_bits() as u16, (v.to_bits() >> 16) as u16]);
+                }
+            });
+        }
+        Self::from_blocks(ty, rows, cols, &codes, &words)
     }
 
     /// The matrix from its blocks' codes (in the file's order) and scale halves (Q4_1:
@@ -105,12 +165,7 @@ impl PackedMatrix {
 
     /// The CPU kernels' view of the same words.
     pub fn cpu_view(&self) -> fornax_cpu::QuantWeights<'_> {
-        let format = match self.ggml_type {
-            GgmlType::Q4_0 => fornax_cpu::QuantFormat::Q4_0,
-            GgmlType::Q4_1 => fornax_cpu::QuantFormat::Q4_1,
-            GgmlType::Q5_0 => fornax_cpu::QuantFormat::Q5_0,
-            _ => fornax_cpu::QuantFormat::Q8_0,
-        };
+        let format = cpu_format(self.ggml_type).expect("packed matrices have a CPU format");
         fornax_cpu::QuantWeights::new(
             format,
             self.rows,

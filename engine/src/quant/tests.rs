@@ -5,72 +5,106 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 use super::PackedMatrix;
 use crate::gguf::GgmlType;
 
-/// Bytes of a block after its halves (Q5_0: `qh` and the nibbles).
-fn code_bytes(ty: GgmlType) -> usize {
-    let halves = if ty == GgmlType::Q4_1 { 2 } else { 1 };
-    ty.block_bytes() as usize - 2 * halves
+/// Where a block's IEEE halves (`d`, and `m` or `dmin`) lie.
+fn half_offsets(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    }
 }
 
-/// The block types the kernels read (Q5_0 on the CPU only).
-const KERNEL_TYPES: [GgmlType; 4] = [
+/// The block types the CPU kernels read (the CubeCL kernels: Q4_0, Q4_1, Q8_0).
+const KERNEL_TYPES: [GgmlType; 9] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::Q3_K,
 ];
 
-/// Three blocks (an odd count, so the FP16 scales need a padding half) with every code.
-fn blocks(ty: GgmlType) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    for b in 0..3u8 {
-        bytes.extend(f16::from_f32(0.125 * f32::from(b + 1)).to_le_bytes());
-        if ty == GgmlType::Q4_1 {
-            bytes.extend(f16::from_f32(-0.5 + f32::from(b)).to_le_bytes());
+/// `values / block_elements` blocks of `ty`: every byte from `code`, the halves from
+/// `half` (scales of either sign over a few octaves in the random case).
+fn blocks_with(
+    ty: GgmlType,
+    values: usize,
+    mut code: impl FnMut(usize) -> u8,
+    mut half: impl FnMut() -> f32,
+) -> Vec<u8> {
+    let bb = ty.block_bytes() as usize;
+    let mut bytes: Vec<u8> = (0..values / ty.block_elements() as usize * bb)
+        .map(&mut code)
+        .collect();
+    for block in bytes.chunks_exact_mut(bb) {
+        for &at in half_offsets(ty) {
+            block[at..at + 2].copy_from_slice(&f16::from_f32(half()).to_le_bytes());
         }
-        let codes = code_bytes(ty) as u8;
-        bytes.extend((0..codes).map(|j| j.wrapping_mul(37).wrapping_add(b * 101)));
     }
     bytes
+}
+
+/// Blocks for 768 values (an odd count of 32-blocks, so the FP16 scales need a padding
+/// half; three K-quant super-blocks) with every code.
+fn blocks(ty: GgmlType) -> Vec<u8> {
+    let mut h = 0.0f32;
+    blocks_with(
+        ty,
+        768,
+        |i| (i as u8).wrapping_mul(37).wrapping_add((i / 101) as u8),
+        || {
+            h += 1.0;
+            0.0625 * h - 0.5
+        },
+    )
 }
 
 #[test]
 fn packed_words_decode_exactly_as_the_gguf_blocks() {
     for ty in KERNEL_TYPES {
         let bytes = blocks(ty);
-        let mut want = vec![0.0f32; 96];
+        let mut want = vec![0.0f32; 768];
         ty.dequantize(&bytes, &mut want);
-        let packed = PackedMatrix::pack(ty, &bytes, 1, 96).unwrap();
+        let packed = PackedMatrix::pack(ty, &bytes, 1, 768).unwrap();
         assert_eq!(packed.dequantize(), want, "{ty:?}");
-        // As small as the file, give or take a padding half.
-        assert!(
-            packed.bytes() as u64 <= ty.bytes_for(96).unwrap() + 2,
-            "{ty:?}"
-        );
+        // Legacy blocks as small as the file, give or take a padding half; the K-quants'
+        // groups of 32 at most 10 bits a value (K8: a byte and two FP32 scales per 32).
+        let limit = match ty.has_groups() {
+            false => ty.bytes_for(768).unwrap() + 2,
+            true => 768 * 10 / 8,
+        };
+        assert!(packed.bytes() as u64 <= limit, "{ty:?}: {}", packed.bytes());
     }
 }
 
 #[test]
 fn pack_refuses_what_it_cannot_hold() {
     let bytes = blocks(GgmlType::Q8_0);
-    assert!(PackedMatrix::pack(GgmlType::F32, &bytes, 1, 96).is_none());
+    assert!(PackedMatrix::pack(GgmlType::F32, &bytes, 1, 768).is_none());
     // Rows of 48 values are not whole blocks; a byte count that disagrees with the shape.
-    assert!(PackedMatrix::pack(GgmlType::Q8_0, &bytes, 2, 48).is_none());
+    assert!(PackedMatrix::pack(GgmlType::Q8_0, &bytes[..3 * 34], 2, 48).is_none());
     assert!(PackedMatrix::pack(GgmlType::Q8_0, &bytes[..60], 1, 96).is_none());
+    // Rows of K-quants that are not whole super-blocks; Q2_K (a min per 16 values).
+    let k = blocks(GgmlType::Q4_K);
+    assert!(PackedMatrix::pack(GgmlType::Q4_K, &k, 6, 128).is_none());
+    assert!(PackedMatrix::pack(GgmlType::Q4_K, &k[..144], 1, 768).is_none());
+    assert!(PackedMatrix::pack(GgmlType::Q2_K, &blocks(GgmlType::Q2_K), 1, 768).is_none());
 }
 
-/// `rows * cols / 32` random GGUF blocks of `ty`: scales of either sign over a few
-/// octaves, every code value.
-fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut impl Rng) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    for _ in 0..rows * cols / 32 {
-        let d = rng.random_range(-0.05f32..0.05);
-        bytes.extend(f16::from_f32(d).to_le_bytes());
-        if ty == GgmlType::Q4_1 {
-            bytes.extend(f16::from_f32(rng.random_range(-0.3f32..0.3)).to_le_bytes());
-        }
-        bytes.extend((0..code_bytes(ty)).map(|_| rng.random::<u8>()));
-    }
-    bytes
+/// `rows * cols / block_elements` random GGUF blocks of `ty`: scales of either sign over
+/// a few octaves, every code value.
+fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> {
+    let codes: Vec<u8> = (0..rows * cols * 2).map(|_| rng.random()).collect();
+    let halves: Vec<f32> = (0..rows * cols)
+        .map(|_| rng.random_range(-0.05f32..0.05))
+        .collect();
+    let mut h = halves.into_iter();
+    blocks_with(ty, rows * cols, |i| codes[i], || h.next().unwrap())
 }
 
 /// The activations' SIMD quantization gives exactly the portable one's codes, scales and
@@ -119,12 +153,15 @@ fn cpu_kernels_match_the_gguf_dequantization_at_every_simd_level() {
     assert!(levels.contains(&SimdLevel::Portable));
     for ty in KERNEL_TYPES {
         for (rows, cols, tokens) in [
-            (1, 32, 1),
+            (1, 256usize, 1),
             (37, 96, 3),
             (70, 160, 9),
-            (19, 576, 4),
+            (19, 768, 4),
             (64, 1536, 6),
         ] {
+            if !cols.is_multiple_of(ty.block_elements() as usize) {
+                continue;
+            }
             let bytes = random_blocks(ty, rows, cols, &mut rng);
             let mut w = vec![0.0f32; rows * cols];
             ty.dequantize(&bytes, &mut w);
