@@ -16,22 +16,45 @@ pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
 
 /// SwiGLU's gate, in place: `gate = silu(gate) * up` (eight at a time with AVX2).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    gated::<false>(gate, up);
+}
+
+/// GeGLU's gate, in place: `gate = gelu(gate) * up`, GELU in its tanh approximation
+/// (`0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`, taken as `x / (1 + e^(-2z))`),
+/// eight at a time with AVX2.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    gated::<true>(gate, up);
+}
+
+/// `2 sqrt(2 / pi)`.
+const TWO_SQRT_2_OVER_PI: f32 = 1.595_769;
+/// GELU's cubic coefficient.
+const GELU_CUBIC: f32 = 0.044_715;
+
+/// `gate = gate / (1 + e^(-a)) * up` with `a = gate` (SiLU) or, with `GELU`,
+/// `a = 2 sqrt(2 / pi) (gate + 0.044715 gate^3)` (`0.5 (1 + tanh(z)) = 1 / (1 + e^(-2z))`).
+fn gated<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "gate and up");
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has AVX2 and FMA.
-        unsafe { swiglu_avx2(gate, up) };
+        unsafe { gated_avx2::<GELU>(gate, up) };
         return;
     }
     for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        let x = *g;
+        let a = match GELU {
+            true => TWO_SQRT_2_OVER_PI * x * (1.0 + GELU_CUBIC * x * x),
+            false => x,
+        };
+        *g = x / (1.0 + (-a).exp()) * u;
     }
 }
 
-/// [`swiglu`] with [`crate::exp::avx2::exp8`]; the last values padded to eight.
+/// [`gated`] with [`crate::exp::avx2::exp8`]; the last values padded to eight.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
+fn gated_avx2<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
     use std::arch::x86_64::*;
     for (g, u) in gate.chunks_mut(8).zip(up.chunks(8)) {
         let (mut gl, mut ul) = ([0.0f32; 8], [0.0f32; 8]);
@@ -39,12 +62,21 @@ fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
         ul[..u.len()].copy_from_slice(u);
         // SAFETY: eight values in each array.
         unsafe {
-            let gv = _mm256_loadu_ps(gl.as_ptr());
-            let e = crate::exp::avx2::exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-            let silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+            let x = _mm256_loadu_ps(gl.as_ptr());
+            let a = match GELU {
+                true => {
+                    let x2 = _mm256_mul_ps(x, x);
+                    let cubic =
+                        _mm256_fmadd_ps(_mm256_set1_ps(GELU_CUBIC), x2, _mm256_set1_ps(1.0));
+                    _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(TWO_SQRT_2_OVER_PI), x), cubic)
+                }
+                false => x,
+            };
+            let e = crate::exp::avx2::exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));
+            let act = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
             _mm256_storeu_ps(
                 gl.as_mut_ptr(),
-                _mm256_mul_ps(silu, _mm256_loadu_ps(ul.as_ptr())),
+                _mm256_mul_ps(act, _mm256_loadu_ps(ul.as_ptr())),
             );
         }
         g.copy_from_slice(&gl[..g.len()]);
@@ -90,17 +122,5 @@ pub fn rope(
                 }
             }
         }
-    }
-}
-
-/// GeGLU's gate, in place: `gate = gelu(gate) * up`, GELU in its tanh approximation
-/// (`0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`).
-pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    assert_eq!(gate.len(), up.len(), "gate and up");
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    for (g, u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        let inner = SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x);
-        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
     }
 }

@@ -6,8 +6,8 @@ use burn_tensor::{activation::silu, backend::Backend, Int, Tensor, TensorData};
 use fornax_backends::CpuBackend as B;
 use fornax_engine::logits_to_vec;
 use fornax_engine::model::{
-    reference_rms_norm, LayerOps, Logits, Model, ModelConfig, ModelError, RmsNorm, Rope, RopeStyle,
-    SeqTokens,
+    reference_geglu, reference_rms_norm, LayerOps, Logits, Model, ModelConfig, ModelError, RmsNorm,
+    Rope, RopeStyle, SeqTokens,
 };
 
 fn tiny() -> Model<B> {
@@ -245,8 +245,8 @@ fn paged_batch_out_of_blocks_is_an_error_not_a_panic() {
     assert_eq!(kv.stats().blocks_used, 0);
 }
 
-/// The CPU backend's in-place RMSNorm and SwiGLU gate against burn's operations, on odd
-/// sizes with values of both signs.
+/// The CPU backend's in-place RMSNorm, SwiGLU and GeGLU gates against burn's operations,
+/// on odd sizes with values of both signs.
 #[test]
 fn in_place_layer_ops_match_burn_operations() {
     let device = Default::default();
@@ -263,19 +263,27 @@ fn in_place_layer_ops_match_burn_operations() {
     assert!(max_diff(&ours, &burn_ops) < 1e-5, "rms_norm");
     let up = Tensor::<B, 2>::from_data(TensorData::new(values(rows * d, 2.0), [rows, d]), &device);
     let ours = logits_to_vec(B::swiglu(x.clone(), up.clone()));
-    let burn_ops = logits_to_vec(silu(x).mul(up.clone()));
+    let burn_ops = logits_to_vec(silu(x.clone()).mul(up.clone()));
     assert!(max_diff(&ours, &burn_ops) < 1e-5, "swiglu");
     // Gates far out, where e^-gate under- or overflows (the SIMD exp clamps there).
     let far: Vec<f32> = values(rows * d, 0.3).iter().map(|v| v * 40.0).collect();
     let far = Tensor::<B, 2>::from_data(TensorData::new(far, [rows, d]), &device);
+    let rel = |ours: &[f32], want: &[f32]| {
+        ours.iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+            .fold(0.0f32, f32::max)
+    };
     let ours = logits_to_vec(B::swiglu(far.clone(), up.clone()));
-    let burn_ops = logits_to_vec(silu(far).mul(up));
-    let rel = ours
-        .iter()
-        .zip(&burn_ops)
-        .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
-        .fold(0.0f32, f32::max);
-    assert!(rel < 1e-6, "swiglu on far gates: {rel}");
+    let burn_ops = logits_to_vec(silu(far.clone()).mul(up.clone()));
+    assert!(rel(&ours, &burn_ops) < 1e-6, "swiglu on far gates");
+    // GeGLU (tanh GELU), taken on the CPU as `x / (1 + e^(-2z))`.
+    for gate in [x, far] {
+        let ours = logits_to_vec(B::geglu(gate.clone(), up.clone()));
+        let burn_ops = logits_to_vec(reference_geglu(gate, up.clone()));
+        let err = rel(&ours, &burn_ops);
+        assert!(err < 2e-6, "geglu: {err}");
+    }
 }
 
 /// Dense FP32 products on the CPU backend (`fornax_cpu::dense`: column strips up to 8
