@@ -74,6 +74,9 @@ impl GenerateArgs {
                 messages.push(ChatMessage::new("system", system));
             }
             messages.push(ChatMessage::new("user", &self.prompt));
+            if let Some(name) = tok.chat_template()?.built_in() {
+                eprintln!("(the file has no chat template: using the built-in {name} format)");
+            }
             tok.encode_chat(&messages)?
         } else {
             tok.encode_prompt(&self.prompt, false)?

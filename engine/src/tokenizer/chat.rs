@@ -1,4 +1,6 @@
-//! Chat templates from `tokenizer.chat_template`, rendered with minijinja.
+//! Chat templates from `tokenizer.chat_template`, rendered with minijinja; a built-in
+//! one (Gemma's turns, ChatML) for a file without a template whose vocabulary has that
+//! format's turn tokens.
 
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
@@ -22,12 +24,27 @@ impl ChatMessage {
     }
 }
 
-/// A Jinja chat template as shipped in the model file.
+/// Built-in formats: name, the turn tokens the vocabulary must have, the template.
+const BUILT_IN: [(&str, [&str; 2], &str); 2] = [
+    (
+        "gemma",
+        ["<start_of_turn>", "<end_of_turn>"],
+        include_str!("templates/gemma.jinja"),
+    ),
+    (
+        "chatml",
+        ["<|im_start|>", "<|im_end|>"],
+        include_str!("templates/chatml.jinja"),
+    ),
+];
+
+/// A Jinja chat template as shipped in the model file, or a built-in one.
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
     source: String,
     bos_token: String,
     eos_token: String,
+    built_in: Option<&'static str>,
 }
 
 impl ChatTemplate {
@@ -37,7 +54,29 @@ impl ChatTemplate {
             source,
             bos_token,
             eos_token,
+            built_in: None,
         }
+    }
+
+    /// The built-in format whose turn tokens the vocabulary has (`has_token`), for a file
+    /// without a template: Gemma's turns, else ChatML; `None` when neither fits.
+    pub fn built_in_for(
+        has_token: impl Fn(&str) -> bool,
+        bos_token: String,
+        eos_token: String,
+    ) -> Option<Self> {
+        let (name, _, source) = BUILT_IN
+            .iter()
+            .find(|(_, turns, _)| turns.iter().all(|t| has_token(t)))?;
+        Some(Self {
+            built_in: Some(name),
+            ..Self::new(source.to_string(), bos_token, eos_token)
+        })
+    }
+
+    /// The built-in format's name (`gemma`, `chatml`) when the file had no template.
+    pub fn built_in(&self) -> Option<&'static str> {
+        self.built_in
     }
 
     /// Renders the conversation; with `add_generation_prompt` the assistant turn is opened.
@@ -59,5 +98,61 @@ impl ChatTemplate {
                 eos_token => &self.eos_token,
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn built_in(vocab: &[&str]) -> Option<ChatTemplate> {
+        ChatTemplate::built_in_for(|t| vocab.contains(&t), "<bos>".into(), "<eos>".into())
+    }
+
+    #[test]
+    fn a_file_without_a_template_gets_the_format_its_turn_tokens_call_for() {
+        let gemma = built_in(&["<start_of_turn>", "<end_of_turn>", "<|im_start|>"]).unwrap();
+        assert_eq!(gemma.built_in(), Some("gemma"));
+        let chatml = built_in(&["<|im_start|>", "<|im_end|>"]).unwrap();
+        assert_eq!(chatml.built_in(), Some("chatml"));
+        // One turn token of a pair is not enough.
+        assert!(built_in(&["<start_of_turn>", "<|im_end|>"]).is_none());
+        let file = ChatTemplate::new("{{ messages[0].content }}".into(), "".into(), "".into());
+        assert_eq!(file.built_in(), None);
+    }
+
+    #[test]
+    fn gemma_turns_render_as_gemma_writes_them() {
+        let t = built_in(&["<start_of_turn>", "<end_of_turn>"]).unwrap();
+        let messages = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", " Hi \n"),
+            ChatMessage::new("assistant", "Hello!"),
+            ChatMessage::new("user", "Name a color."),
+        ];
+        assert_eq!(
+            t.render(&messages, true).unwrap(),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n\
+             <start_of_turn>model\nHello!<end_of_turn>\n\
+             <start_of_turn>user\nName a color.<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(
+            t.render(&messages[1..2], false).unwrap(),
+            "<bos><start_of_turn>user\nHi<end_of_turn>\n"
+        );
+        // Two user turns in a row, or the assistant first, are refused.
+        let err = t.render(&[messages[1].clone(), messages[3].clone()], true);
+        assert!(err.unwrap_err().to_string().contains("alternate"));
+        assert!(t.render(&messages[2..], true).is_err());
+    }
+
+    #[test]
+    fn chatml_renders_each_turn() {
+        let t = built_in(&["<|im_start|>", "<|im_end|>"]).unwrap();
+        let messages = [ChatMessage::new("user", "Hi")];
+        assert_eq!(
+            t.render(&messages, true).unwrap(),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 }

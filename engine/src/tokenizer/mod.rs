@@ -40,7 +40,9 @@ pub enum TokenizerError {
     Encode(String),
     #[error("token id {0} is outside the vocabulary")]
     UnknownId(u32),
-    #[error("the model has no chat template")]
+    #[error(
+        "the model has no chat template (and no turn tokens of a built-in format: Gemma's, ChatML)"
+    )]
     NoChatTemplate,
     #[error("chat template failed: {0}")]
     Template(#[from] minijinja::Error),
@@ -163,10 +165,20 @@ impl Tokenizer {
                 .map(|s| s.to_string())
                 .unwrap_or_default()
         };
-        let chat_template = file
-            .get("tokenizer.chat_template")
-            .and_then(|v| v.as_str())
-            .map(|src| ChatTemplate::new(src.to_string(), name(bos_id), name(eos_id)));
+        let chat_template = match file.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+            Some(src) => Some(ChatTemplate::new(
+                src.to_string(),
+                name(bos_id),
+                name(eos_id),
+            )),
+            None => {
+                let has = |t: &str| match &encoder {
+                    Encoder::Bpe { special, .. } => special.token_to_id(t).is_some(),
+                    Encoder::Spm(spm) => spm.token_id(t).is_some(),
+                };
+                ChatTemplate::built_in_for(has, name(bos_id), name(eos_id))
+            }
+        };
         Ok(Self {
             encoder,
             token_bytes,
@@ -252,7 +264,7 @@ impl Tokenizer {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
-    /// The chat template, if the file has one.
+    /// The chat template: the file's, or a built-in one its turn tokens call for.
     pub fn chat_template(&self) -> Result<&ChatTemplate, TokenizerError> {
         self.chat_template
             .as_ref()

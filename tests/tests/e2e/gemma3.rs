@@ -82,6 +82,31 @@ fn tokenizer_matches_llama_cpp() {
     }
 }
 
+/// The file has no chat template but Gemma's turn tokens: chat prompts use the built-in
+/// Gemma format, BOS once, each turn marker a single token, and generation stops at
+/// `<end_of_turn>`.
+#[test]
+fn chat_prompts_use_gemma_turns() {
+    let gguf = GgufFile::parse(gemma_file().bytes()).unwrap();
+    assert!(gguf.get("tokenizer.chat_template").is_none());
+    let tok = Tokenizer::from_gguf(&gguf).unwrap();
+    assert_eq!(tok.chat_template().unwrap().built_in(), Some("gemma"));
+    let ids = tok
+        .encode_chat(&[fornax_engine::tokenizer::ChatMessage::new("user", "Hi")])
+        .unwrap();
+    let id = |t: &str| tok.token_id(t).unwrap();
+    let (start, end) = (id("<start_of_turn>"), id("<end_of_turn>"));
+    assert_eq!(ids[..2], [tok.bos_id.unwrap(), start]);
+    assert_eq!(ids.iter().filter(|&&i| i == tok.bos_id.unwrap()).count(), 1);
+    assert_eq!(ids.iter().filter(|&&i| i == start).count(), 2);
+    assert_eq!(ids.iter().filter(|&&i| i == end).count(), 1);
+    assert_eq!(
+        tok.decode(&ids).unwrap(),
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    );
+    assert!(tok.stop_ids().contains(&end));
+}
+
 /// How many of `ours` equal llama.cpp's greedy tokens; an error where they part after a
 /// step with a clear margin.
 fn check_greedy(ours: &[u32], case: &PromptCase) -> Result<usize, String> {
