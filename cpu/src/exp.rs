@@ -1,5 +1,5 @@
-//! `e^x` eight lanes at a time, for the softmax, SwiGLU and GeGLU: libm's `expf` called
-//! per value was most of each.
+//! `e^x` eight lanes at a time, for the softmax and SwiGLU: libm's `expf` called per value
+//! was most of both.
 
 /// AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]

@@ -14,47 +14,99 @@ pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// SwiGLU's gate, in place: `gate = silu(gate) * up` (eight at a time with AVX2).
-pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    gated::<false>(gate, up);
-}
-
 /// GeGLU's gate, in place: `gate = gelu(gate) * up`, GELU in its tanh approximation
-/// (`0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`, taken as `x / (1 + e^(-2z))`),
-/// eight at a time with AVX2.
+/// (`0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`) as llama.cpp's CPU backend takes
+/// it: looked up for the gate rounded to FP16 in a table of every FP16 input, the result
+/// rounded to FP16; 0 below -10 and `x` above 10. Eight at a time with AVX2 and F16C.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
-    gated::<true>(gate, up);
+    assert_eq!(gate.len(), up.len(), "gate and up");
+    let table = gelu_table();
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+        // SAFETY: the CPU has AVX2 and F16C.
+        unsafe { geglu_avx2(gate, up, table) };
+        return;
+    }
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = gelu_looked_up(*g, table) * u;
+    }
 }
 
-/// `2 sqrt(2 / pi)`.
-const TWO_SQRT_2_OVER_PI: f32 = 1.595_769;
+/// GELU of every FP16 value (by its bits), rounded to FP16.
+fn gelu_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = half::f16::from_bits(bits).to_f32();
+                let gelu = 0.5 * x * (1.0 + (0.797_884_6 * x * (1.0 + GELU_CUBIC * x * x)).tanh());
+                half::f16::from_f32(gelu).to_f32()
+            })
+            .collect()
+    })
+}
+
+/// GELU of `x` through the table (see [`geglu`]).
+fn gelu_looked_up(x: f32, table: &[f32]) -> f32 {
+    if x <= -10.0 {
+        0.0
+    } else if x >= 10.0 {
+        x
+    } else {
+        table[usize::from(half::f16::from_f32(x).to_bits())]
+    }
+}
+
+/// [`geglu`] eight at a time: F16C rounds to FP16 as `half` does (to nearest, ties to
+/// even) and the table is gathered; the last values padded to eight.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+fn geglu_avx2(gate: &mut [f32], up: &[f32], table: &[f32]) {
+    use std::arch::x86_64::*;
+    for (g, u) in gate.chunks_mut(8).zip(up.chunks(8)) {
+        let (mut gl, mut ul) = ([0.0f32; 8], [0.0f32; 8]);
+        gl[..g.len()].copy_from_slice(g);
+        ul[..u.len()].copy_from_slice(u);
+        // SAFETY: eight values in each array; the gathered indices are FP16 bit patterns,
+        // inside the table of 65,536.
+        unsafe {
+            let x = _mm256_loadu_ps(gl.as_ptr());
+            let bits = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+            let looked_up = _mm256_i32gather_ps(table.as_ptr(), bits, 4);
+            let low = _mm256_cmp_ps(x, _mm256_set1_ps(-10.0), _CMP_LE_OQ);
+            let high = _mm256_cmp_ps(x, _mm256_set1_ps(10.0), _CMP_GE_OQ);
+            let y = _mm256_blendv_ps(looked_up, x, high);
+            let y = _mm256_andnot_ps(low, y);
+            _mm256_storeu_ps(
+                gl.as_mut_ptr(),
+                _mm256_mul_ps(y, _mm256_loadu_ps(ul.as_ptr())),
+            );
+        }
+        g.copy_from_slice(&gl[..g.len()]);
+    }
+}
+
 /// GELU's cubic coefficient.
 const GELU_CUBIC: f32 = 0.044_715;
 
-/// `gate = gate / (1 + e^(-a)) * up` with `a = gate` (SiLU) or, with `GELU`,
-/// `a = 2 sqrt(2 / pi) (gate + 0.044715 gate^3)` (`0.5 (1 + tanh(z)) = 1 / (1 + e^(-2z))`).
-fn gated<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
+/// SwiGLU's gate, in place: `gate = silu(gate) * up` (eight at a time with AVX2).
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "gate and up");
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has AVX2 and FMA.
-        unsafe { gated_avx2::<GELU>(gate, up) };
+        unsafe { swiglu_avx2(gate, up) };
         return;
     }
     for (g, u) in gate.iter_mut().zip(up) {
-        let x = *g;
-        let a = match GELU {
-            true => TWO_SQRT_2_OVER_PI * x * (1.0 + GELU_CUBIC * x * x),
-            false => x,
-        };
-        *g = x / (1.0 + (-a).exp()) * u;
+        *g = *g / (1.0 + (-*g).exp()) * u;
     }
 }
 
-/// [`gated`] with [`crate::exp::avx2::exp8`]; the last values padded to eight.
+/// [`swiglu`] with [`crate::exp::avx2::exp8`]; the last values padded to eight.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn gated_avx2<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
+fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
     use std::arch::x86_64::*;
     for (g, u) in gate.chunks_mut(8).zip(up.chunks(8)) {
         let (mut gl, mut ul) = ([0.0f32; 8], [0.0f32; 8]);
@@ -62,21 +114,12 @@ fn gated_avx2<const GELU: bool>(gate: &mut [f32], up: &[f32]) {
         ul[..u.len()].copy_from_slice(u);
         // SAFETY: eight values in each array.
         unsafe {
-            let x = _mm256_loadu_ps(gl.as_ptr());
-            let a = match GELU {
-                true => {
-                    let x2 = _mm256_mul_ps(x, x);
-                    let cubic =
-                        _mm256_fmadd_ps(_mm256_set1_ps(GELU_CUBIC), x2, _mm256_set1_ps(1.0));
-                    _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(TWO_SQRT_2_OVER_PI), x), cubic)
-                }
-                false => x,
-            };
-            let e = crate::exp::avx2::exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));
-            let act = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+            let gv = _mm256_loadu_ps(gl.as_ptr());
+            let e = crate::exp::avx2::exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            let silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0), e));
             _mm256_storeu_ps(
                 gl.as_mut_ptr(),
-                _mm256_mul_ps(act, _mm256_loadu_ps(ul.as_ptr())),
+                _mm256_mul_ps(silu, _mm256_loadu_ps(ul.as_ptr())),
             );
         }
         g.copy_from_slice(&gl[..g.len()]);
@@ -121,6 +164,47 @@ pub fn rope(
                     pair[1] = a * s[i] + b * c[i];
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIMD GeGLU gives the scalar lookup's results exactly, around the table's ends
+    /// and FP16 ties too, and stays within FP16 rounding of the FP32 tanh form.
+    #[test]
+    fn geglu_levels_agree_and_follow_the_tanh_form() {
+        let mut gate: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 0.00613).collect();
+        gate.extend([
+            -10.0,
+            -10.000001,
+            -9.99999,
+            10.0,
+            9.99999,
+            10.5,
+            -30.0,
+            1.0 + 1.0 / 2048.0,
+        ]);
+        let up: Vec<f32> = (0..gate.len())
+            .map(|i| 1.0 + (i % 7) as f32 * 0.25)
+            .collect();
+        let table = gelu_table();
+        let want: Vec<f32> = gate
+            .iter()
+            .zip(&up)
+            .map(|(&g, &u)| gelu_looked_up(g, table) * u)
+            .collect();
+        let mut got = gate.clone();
+        geglu(&mut got, &up);
+        assert_eq!(got, want);
+        for ((&g, &u), &y) in gate.iter().zip(&up).zip(&got) {
+            let exact = 0.5 * g * (1.0 + (0.797_884_6 * g * (1.0 + GELU_CUBIC * g * g)).tanh()) * u;
+            // FP16 rounding of the input (a step of |g| 2^-11 at most, GELU's slope under
+            // 1.13) and of the output.
+            let bound = 6e-4 * (g.abs() * u + exact.abs()) + 1e-9;
+            assert!((y - exact).abs() <= bound, "{g}: {y} vs {exact}");
         }
     }
 }

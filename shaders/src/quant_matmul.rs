@@ -10,9 +10,14 @@
 //! - `scales`: IEEE halves. Q4_1 has a word per block (`d` low, `m` high); Q4_0 and Q8_0
 //!   have one half `d` per block, two blocks per word (the even block low).
 //!
-//! Every format decodes as `d * q + m`: Q4_1 stores `m`, Q4_0 has `m = -8 d` (codes 0..15
-//! centred on 8), Q8_0 has `m = 0` with signed codes. A product over a block is thus
-//! `d * sum(q x) + m * sum(x)`, one multiply per value.
+//! The K-quants come as groups of 32 (the host's `PackedMatrix`): K4 (Q4_K) with Q4's codes,
+//! K8 (Q6_K, Q3_K) with Q8_0's; both have two FP32 words per block: K4 `d` and `m`, K8 a
+//! `d` for each half of 16 values.
+//!
+//! Every format decodes as `d * q + m`: Q4_1 and K4 store `m`, Q4_0 has `m = -8 d` (codes
+//! 0..15 centred on 8), Q8_0 has `m = 0` with signed codes. A product over a block is thus
+//! `d * sum(q x) + m * sum(x)`, one multiply per value; K8's is `d_0 * sum_0(q x) + d_1 *
+//! sum_1(q x)` over its halves.
 //!
 //! Kernels: [`quant_matvec`] for a few tokens (decode), [`quant_matmul`] tiled through
 //! workgroup memory for many (prefill), [`quant_rows`] to gather rows (embedding lookup).
@@ -30,6 +35,25 @@ pub const Q4_0: u32 = 0;
 pub const Q4_1: u32 = 1;
 /// Format code of Q8_0.
 pub const Q8_0: u32 = 2;
+/// Format code of K4: a Q4_K group of 32, Q4's codes with FP32 `d` and `m`.
+pub const K4: u32 = 3;
+/// Format code of K8: a Q6_K or Q3_K group of 32, signed bytes with an FP32 `d` per half.
+pub const K8: u32 = 4;
+
+/// Whether the codes are signed bytes (Q8_0, K8) rather than nibbles.
+pub const fn byte_codes(format: u32) -> bool {
+    format == Q8_0 || format == K8
+}
+
+/// Whether a block's product has the offset term `m * sum(x)`.
+pub const fn has_offset(format: u32) -> bool {
+    !byte_codes(format)
+}
+
+/// Whether value `c` of a block takes K8's second scale.
+pub const fn second_half(format: u32, c: usize) -> bool {
+    format == K8 && c >= QBLOCK / 2
+}
 
 /// Most tokens one [`quant_matvec`] launch handles; larger batches use [`quant_matmul`].
 pub const MATVEC_MAX_TOKENS: usize = 8;
@@ -42,7 +66,7 @@ pub const TILE_UNITS: usize = 8;
 
 /// `u32` words of codes per block.
 pub const fn quant_words(format: u32) -> usize {
-    if format == Q8_0 {
+    if byte_codes(format) {
         8
     } else {
         4
@@ -51,7 +75,7 @@ pub const fn quant_words(format: u32) -> usize {
 
 /// Codes per word: four bytes (Q8_0) or eight nibbles (Q4_x).
 pub const fn codes_per_word(format: u32) -> usize {
-    if format == Q8_0 {
+    if byte_codes(format) {
         4
     } else {
         8
@@ -60,7 +84,7 @@ pub const fn codes_per_word(format: u32) -> usize {
 
 /// Bit position of code `p` within its word.
 pub const fn code_shift(format: u32, p: usize) -> u32 {
-    if format == Q8_0 {
+    if byte_codes(format) {
         8 * p as u32
     } else {
         (8 * (p % 4) + 4 * (p / 4)) as u32
@@ -69,7 +93,7 @@ pub const fn code_shift(format: u32, p: usize) -> u32 {
 
 /// Index in the block (0..32) of code `p` of word `w`.
 pub const fn code_value(format: u32, w: usize, p: usize) -> usize {
-    if format == Q8_0 {
+    if byte_codes(format) {
         4 * w + p
     } else {
         4 * w + p % 4 + 16 * (p / 4)
@@ -78,7 +102,7 @@ pub const fn code_value(format: u32, w: usize, p: usize) -> usize {
 
 /// The word (0..8) holding value `c` (0..32) of a block: the inverse of [`code_value`].
 pub const fn value_word(format: u32, c: usize) -> usize {
-    if format == Q8_0 {
+    if byte_codes(format) {
         c / 4
     } else {
         (c % 16) / 4
@@ -87,7 +111,7 @@ pub const fn value_word(format: u32, c: usize) -> usize {
 
 /// The bit position of value `c` within its word ([`value_word`]).
 pub const fn value_shift(format: u32, c: usize) -> u32 {
-    if format == Q8_0 {
+    if byte_codes(format) {
         (8 * (c % 4)) as u32
     } else {
         (8 * (c % 4) + 4 * (c / 16)) as u32
@@ -97,10 +121,12 @@ pub const fn value_shift(format: u32, c: usize) -> u32 {
 /// Values a vector load brings: input values and code words are read four at a time.
 pub const VECTOR: usize = 4;
 
-/// The scale `d` of `block`.
+/// The scale `d` of `block` (K8: of its first half).
 #[cube]
 fn block_d(scales: &Array<u32>, block: usize, #[comptime] format: u32) -> f32 {
-    if comptime!(format == Q4_1) {
+    if comptime!(format == K4 || format == K8) {
+        f32::reinterpret(scales[2 * block])
+    } else if comptime!(format == Q4_1) {
         half_to_f32(scales[block] & 65535)
     } else {
         let word = scales[block / 2];
@@ -108,10 +134,12 @@ fn block_d(scales: &Array<u32>, block: usize, #[comptime] format: u32) -> f32 {
     }
 }
 
-/// The offset `m` of `block` given its scale `d`.
+/// The offset `m` of `block` given its scale `d` (K8: the second half's scale).
 #[cube]
 fn block_m(scales: &Array<u32>, block: usize, d: f32, #[comptime] format: u32) -> f32 {
-    if comptime!(format == Q4_1) {
+    if comptime!(format == K4 || format == K8) {
+        f32::reinterpret(scales[2 * block + 1])
+    } else if comptime!(format == Q4_1) {
         half_to_f32(scales[block] >> 16)
     } else if comptime!(format == Q4_0) {
         d * -8.0
@@ -120,14 +148,29 @@ fn block_m(scales: &Array<u32>, block: usize, d: f32, #[comptime] format: u32) -
     }
 }
 
-/// The code at bit `shift` of `word`: a signed byte (Q8_0) or an unsigned nibble (Q4_x).
+/// The code at bit `shift` of `word`: a signed byte (Q8_0, K8) or an unsigned nibble.
 #[cube]
 fn code(word: u32, #[comptime] shift: u32, #[comptime] format: u32) -> f32 {
-    if comptime!(format == Q8_0) {
+    if comptime!(byte_codes(format)) {
         let byte = (word >> shift) & 255;
         f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7)
     } else {
         f32::cast_from((word >> shift) & 15)
+    }
+}
+
+/// Value `c` of a block from its code: `d * q + m` (K8: `d * q` or, in the second half,
+/// `m * q`).
+#[cube]
+fn dequantized(q: f32, d: f32, m: f32, #[comptime] c: usize, #[comptime] format: u32) -> f32 {
+    if comptime!(format == K8) {
+        if comptime!(second_half(format, c)) {
+            m * q
+        } else {
+            d * q
+        }
+    } else {
+        d * q + m
     }
 }
 
@@ -219,11 +262,14 @@ pub fn quant_matvec<N: Size>(
                     }
                 }
             }
+            // K8's second half goes to `dot_1`.
             let mut dot = Array::<f32>::new(sums);
+            let mut dot_1 = Array::<f32>::new(sums);
             let mut sum = Array::<f32>::new(tokens);
             #[unroll]
             for i in 0..sums {
                 dot[i] = 0.0;
+                dot_1[i] = 0.0;
             }
             #[unroll]
             for t in 0..tokens {
@@ -244,9 +290,13 @@ pub fn quant_matvec<N: Size>(
                                 comptime!(value_shift(format, c)),
                                 format,
                             );
-                            dot[t * rows_per_unit + r] += q * xv[k];
+                            if comptime!(second_half(format, c)) {
+                                dot_1[t * rows_per_unit + r] += q * xv[k];
+                            } else {
+                                dot[t * rows_per_unit + r] += q * xv[k];
+                            }
                         }
-                        if comptime!(format != Q8_0) {
+                        if comptime!(has_offset(format)) {
                             sum[t] += xv[k];
                         }
                     }
@@ -258,7 +308,9 @@ pub fn quant_matvec<N: Size>(
                 for r in 0..rows_per_unit {
                     let i = t * rows_per_unit + r;
                     acc[i] += d[r] * dot[i];
-                    if comptime!(format != Q8_0) {
+                    if comptime!(format == K8) {
+                        acc[i] += m[r] * dot_1[i];
+                    } else if comptime!(has_offset(format)) {
                         acc[i] += m[r] * sum[t];
                     }
                 }
@@ -507,7 +559,8 @@ pub fn quant_matmul(
             #[unroll]
             for p in 0..per_word {
                 let q = code(word, comptime!(code_shift(format, p)), format);
-                ws[comptime!(code_value(format, w, p)) * TILE_ROWS + unit] = d * q + m;
+                let c = comptime!(code_value(format, w, p));
+                ws[c * TILE_ROWS + unit] = dequantized(q, d, m, c, format);
             }
         }
         sync_cube();
@@ -598,7 +651,8 @@ pub fn quant_rows(
             #[unroll]
             for p in 0..per_word {
                 let q = code(word, comptime!(code_shift(format, p)), format);
-                out[t * cols + b * QBLOCK + comptime!(code_value(format, w, p))] = d * q + m;
+                let c = comptime!(code_value(format, w, p));
+                out[t * cols + b * QBLOCK + c] = dequantized(q, d, m, c, format);
             }
         }
     }

@@ -73,9 +73,9 @@ impl<B: QuantOps> Loader<'_, '_, B> {
         Tensor::from_data(TensorData::new(t, [inp, out]), self.device)
     }
 
-    /// Rows per band of a matrix of `out` rows of `row_bytes` bytes: all of them where
-    /// the matrix fits in three quarters of the device's largest buffer (packing may
-    /// widen scales), else as many as fit.
+    /// Rows per band of a matrix of `out` rows of `row_bytes` bytes (as packed): all of
+    /// them where the matrix fits in three quarters of the device's largest buffer, else
+    /// as many as fit.
     fn band_rows(&self, out: usize, row_bytes: usize) -> usize {
         let room = B::max_buffer_bytes(self.device).map_or(usize::MAX, |m| m / 4 * 3);
         (room / row_bytes.max(1)).clamp(1, out.max(1))
@@ -92,7 +92,8 @@ impl<B: QuantOps> Loader<'_, '_, B> {
         {
             let bytes = self.file.tensor_bytes(info);
             let row_bytes = bytes.len() / out.max(1);
-            let band = self.band_rows(out, row_bytes);
+            let packed_row = PackedMatrix::row_bytes(info.ggml_type, inp).unwrap_or(row_bytes);
+            let band = self.band_rows(out, packed_row.max(row_bytes));
             let packed: Option<Vec<PackedMatrix>> = (0..out)
                 .step_by(band)
                 .map(|r0| {
@@ -219,16 +220,22 @@ impl<B: QuantOps + FusedOps> Model<B> {
     }
 
     /// The largest weight tensor the model would hold on the device, as its name and
-    /// bytes: block-quantized matrices take their file size where `B` keeps them
-    /// quantized, everything else 4 bytes a value. Devices cap a single buffer (WebGPU's
+    /// bytes: block-quantized matrices take their packed size where `B` keeps them
+    /// quantized (the file's, or wider for the K-quants' groups), everything else 4 bytes
+    /// a value. Devices cap a single buffer (WebGPU's
     /// storage binding), so this tells before loading whether the weights can fit.
     pub fn largest_weight(file: &GgufFile<'_>, options: LoadOptions) -> Option<(String, u64)> {
         let quantized = !options.dequantize && B::has_quant_kernels();
         file.tensors
             .iter()
-            .map(|t| match quantized && B::has_kernels_for(t.ggml_type) {
-                true => (t.name.clone(), t.size),
-                false => (t.name.clone(), 4 * t.elements()),
+            .map(|t| {
+                let cols = t.shape.first().copied().unwrap_or(0) as usize;
+                let packed = PackedMatrix::row_bytes(t.ggml_type, cols)
+                    .map(|row| (row as u64 * (t.elements() / cols.max(1) as u64)).max(t.size));
+                match quantized && B::has_kernels_for(t.ggml_type) {
+                    true => (t.name.clone(), packed.unwrap_or(t.size)),
+                    false => (t.name.clone(), 4 * t.elements()),
+                }
             })
             .max_by_key(|(_, bytes)| *bytes)
     }

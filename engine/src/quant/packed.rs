@@ -8,7 +8,7 @@ use half::f16;
 
 use crate::gguf::GgmlType;
 use fornax_shaders::quant_matmul::{
-    code_shift, code_value, codes_per_word, quant_words, Q4_0, Q4_1, Q8_0, QBLOCK,
+    code_shift, code_value, codes_per_word, quant_words, K4, K8, Q4_0, Q4_1, Q8_0, QBLOCK,
 };
 
 /// A `[rows, cols]` block-quantized matrix in the kernels' layout, on the host.
@@ -32,6 +32,8 @@ pub fn format_code(ty: GgmlType) -> Option<u32> {
         GgmlType::Q4_0 => Some(Q4_0),
         GgmlType::Q4_1 => Some(Q4_1),
         GgmlType::Q8_0 => Some(Q8_0),
+        GgmlType::Q4_K => Some(K4),
+        GgmlType::Q6_K | GgmlType::Q3_K => Some(K8),
         _ => None,
     }
 }
@@ -54,7 +56,8 @@ pub fn cpu_format(ty: GgmlType) -> Option<fornax_cpu::QuantFormat> {
 }
 
 /// Whether some backend's kernels read `ty`: the CPU kernels' types ([`cpu_format`]),
-/// of which the CubeCL kernels read Q4_0, Q4_1 and Q8_0 ([`format_code`]).
+/// of which the CubeCL kernels read Q4_0, Q4_1, Q8_0, Q4_K, Q6_K and Q3_K
+/// ([`format_code`]).
 pub fn packable(ty: GgmlType) -> bool {
     cpu_format(ty).is_some()
 }
@@ -132,6 +135,13 @@ impl PackedMatrix {
         Self::from_blocks(ty, rows, cols, &codes, &words)
     }
 
+    /// Bytes one row of `cols` values of `ty` takes once packed (the K-quants' groups are
+    /// wider than the file's super-blocks); `None` for a type without kernels.
+    pub fn row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
+        let f = cpu_format(ty)?;
+        Some(cols / QBLOCK * (f.code_bytes() + 2 * f.scale_halves()))
+    }
+
     /// The matrix from its blocks' codes (in the file's order) and scale halves (Q4_1:
     /// `d, m` per block), as the CPU kernels' layout gives them back.
     pub fn from_blocks(
@@ -183,8 +193,9 @@ impl PackedMatrix {
 
     /// All values as `[rows, cols]` FP32, decoded from the packed words (the reference).
     pub fn dequantize(&self) -> Vec<f32> {
-        let Some(format) = format_code(self.ggml_type) else {
-            // A type only the CPU kernels read: decoded by their view.
+        let Some(format) = format_code(self.ggml_type).filter(|&f| f <= Q8_0) else {
+            // The groups of 32 and the types only the CPU kernels read: decoded by their
+            // view of the same words.
             let view = self.cpu_view();
             let mut out = vec![0.0f32; self.rows * self.cols];
             for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {

@@ -79,6 +79,13 @@ fn packed_words_decode_exactly_as_the_gguf_blocks() {
             true => 768 * 10 / 8,
         };
         assert!(packed.bytes() as u64 <= limit, "{ty:?}: {}", packed.bytes());
+        // What the loader sizes bands and the browser's fit check by, padding aside.
+        let row = PackedMatrix::row_bytes(ty, 768).unwrap();
+        assert!(
+            (packed.bytes() - row) <= 2,
+            "{ty:?}: {} vs {row}",
+            packed.bytes()
+        );
     }
 }
 

@@ -1,6 +1,7 @@
 //! The quantized-weight kernels (CubeCL, on wgpu: lavapipe here) against
-//! dequantize-then-matmul on random GGUF blocks of all three formats, and the CPU
-//! backend's products (our SIMD kernels) at the end.
+//! dequantize-then-matmul on random GGUF blocks of every format they read (Q4_0, Q4_1,
+//! Q8_0, and the K-quants' groups: Q4_K as K4, Q6_K as K8), and the CPU backend's products
+//! (our SIMD kernels) at the end.
 //!
 //! The reference decodes the original GGUF bytes with the GGUF reader's own decoder and
 //! multiplies with burn's FP32 matmul on the same device; the kernels read the repacked
@@ -21,10 +22,38 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 
 type B = WgpuBackend;
 
-const FORMATS: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+const FORMATS: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
+
+/// `cols` rounded up to whole blocks of `ty` (256 values for a K-quant).
+fn whole(ty: GgmlType, cols: usize) -> usize {
+    cols.next_multiple_of(ty.block_elements() as usize)
+}
 
 /// GGUF bytes of a `[rows, cols]` matrix with random scales and codes.
 fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> {
+    if ty.has_groups() {
+        // K-quants: random bytes, then the super-block halves (`d`, and `dmin`) set.
+        let bb = ty.block_bytes() as usize;
+        let mut bytes: Vec<u8> = (0..rows * cols / 256 * bb).map(|_| rng.random()).collect();
+        let halves: &[usize] = if ty == GgmlType::Q6_K {
+            &[208]
+        } else {
+            &[0, 2]
+        };
+        for block in bytes.chunks_exact_mut(bb) {
+            for &at in halves {
+                let h = f16::from_f32(rng.random_range(0.0005f32..0.01));
+                block[at..at + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        }
+        return bytes;
+    }
     let mut bytes = Vec::new();
     for _ in 0..rows * cols / 32 {
         let d = f16::from_f32(rng.random_range(0.002f32..0.05));
@@ -51,7 +80,9 @@ pub(crate) struct Case {
     pub(crate) weight: QuantMatrix<B>,
 }
 
+/// A `[rows, cols]` case (`cols` rounded up to whole blocks of `ty`).
 pub(crate) fn case(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Case {
+    let cols = whole(ty, cols);
     let device = wgpu_device().expect("a wgpu adapter").0;
     let mut rng = StdRng::seed_from_u64(seed);
     let bytes = random_blocks(ty, rows, cols, &mut rng);
