@@ -189,8 +189,8 @@ impl<'a> QuantWeights<'a> {
         let words = self.row_scales(r);
         let sh = self.format.scale_halves();
         let scale = |i: usize| scale_at(self.format, &words[b * sh..], i);
-        match (self.format, self.format.scales()) {
-            (f, 1) => (scale(0), f.offset(scale(0))),
+        match self.format.scales() {
+            1 => (scale(0), self.format.offset(scale(0))),
             _ => (scale(0), scale(1)),
         }
     }
@@ -222,7 +222,7 @@ impl<'a> QuantWeights<'a> {
 }
 
 /// Scale `i` of a block whose scale words start `words`: a half, or FP32 from two words.
-pub(crate) fn scale_at(format: QuantFormat, words: &[u16], i: usize) -> f32 {
+fn scale_at(format: QuantFormat, words: &[u16], i: usize) -> f32 {
     if format.wide_scales() {
         f32::from_bits(u32::from(words[2 * i]) | u32::from(words[2 * i + 1]) << 16)
     } else {

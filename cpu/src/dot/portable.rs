@@ -42,13 +42,13 @@ pub(super) fn tokens(
     out: &mut [[f32; LANES]],
 ) {
     let gbb = format.group_block_bytes();
+    let chunks = (format.code_bytes() - format.high_bytes()) / 4;
     for (j, o) in out[..n].iter_mut().enumerate() {
         let (q, xd, xs) = acts.token(t0 + j);
         *o = [0.0; LANES];
         for (b, block) in group.chunks_exact(gbb).enumerate() {
             let (d, m) = group_scales(format, block);
             let x = &q[b * QBLOCK..(b + 1) * QBLOCK];
-            let chunks = (format.code_bytes() - format.high_bytes()) / 4;
             for (l, acc) in o.iter_mut().enumerate() {
                 if format == QuantFormat::K8 {
                     // One scale per half: chunks 0..4 hold values 0..16.

@@ -3,8 +3,7 @@
 //! take them in. Each scale and min is the file's super-block scale times the group's
 //! small integer, exact in FP32.
 
-use half::f16;
-
+use super::types::half;
 use super::GgmlType;
 
 /// 32 values of a quantized block: value `j` is `scale[j / 16] * q[j] + min[j / 16]`.
@@ -24,11 +23,6 @@ impl Group {
     pub fn value(&self, j: usize) -> f32 {
         self.scale[j / 16] * f32::from(self.q[j]) + self.min[j / 16]
     }
-}
-
-/// The IEEE half at byte `at` of `b`.
-fn half(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
 impl GgmlType {

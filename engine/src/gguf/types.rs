@@ -179,7 +179,7 @@ impl GgmlType {
 }
 
 /// The IEEE half at byte `at` of `b`.
-fn half(b: &[u8], at: usize) -> f32 {
+pub(super) fn half(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 

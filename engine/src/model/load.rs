@@ -93,7 +93,7 @@ impl<B: QuantOps> Loader<'_, '_, B> {
             let bytes = self.file.tensor_bytes(info);
             let row_bytes = bytes.len() / out.max(1);
             let packed_row = PackedMatrix::row_bytes(info.ggml_type, inp).unwrap_or(row_bytes);
-            let band = self.band_rows(out, packed_row.max(row_bytes));
+            let band = self.band_rows(out, packed_row);
             let packed: Option<Vec<PackedMatrix>> = (0..out)
                 .step_by(band)
                 .map(|r0| {
@@ -228,14 +228,15 @@ impl<B: QuantOps + FusedOps> Model<B> {
         let quantized = !options.dequantize && B::has_quant_kernels();
         file.tensors
             .iter()
-            .map(|t| {
-                let cols = t.shape.first().copied().unwrap_or(0) as usize;
-                let packed = PackedMatrix::row_bytes(t.ggml_type, cols)
-                    .map(|row| (row as u64 * (t.elements() / cols.max(1) as u64)).max(t.size));
-                match quantized && B::has_kernels_for(t.ggml_type) {
-                    true => (t.name.clone(), packed.unwrap_or(t.size)),
-                    false => (t.name.clone(), 4 * t.elements()),
+            .map(|t| match quantized && B::has_kernels_for(t.ggml_type) {
+                true => {
+                    let cols = t.shape.first().copied().unwrap_or(0) as usize;
+                    let rows = t.elements() / cols.max(1) as u64;
+                    let packed = PackedMatrix::row_bytes(t.ggml_type, cols)
+                        .map_or(t.size, |row| row as u64 * rows);
+                    (t.name.clone(), packed)
                 }
+                false => (t.name.clone(), 4 * t.elements()),
             })
             .max_by_key(|(_, bytes)| *bytes)
     }

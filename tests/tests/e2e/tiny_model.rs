@@ -290,6 +290,39 @@ fn in_place_layer_ops_match_burn_operations() {
     }
 }
 
+/// The CPU's SIMD GeGLU gives the portable lookup's results exactly, around the table's
+/// ends and FP16 ties too, and stays within FP16 rounding of the FP32 tanh form.
+#[test]
+fn geglu_levels_agree_and_follow_the_tanh_form() {
+    use fornax_cpu::layer_ops::{geglu, geglu_portable};
+    let mut gate: Vec<f32> = (0..4001).map(|i| (i as f32 - 2000.0) * 0.00613).collect();
+    gate.extend([
+        -10.0,
+        -10.000001,
+        -9.99999,
+        10.0,
+        9.99999,
+        10.5,
+        -30.0,
+        1.0 + 1.0 / 2048.0,
+    ]);
+    let up: Vec<f32> = (0..gate.len())
+        .map(|i| 1.0 + (i % 7) as f32 * 0.25)
+        .collect();
+    let mut want = gate.clone();
+    geglu_portable(&mut want, &up);
+    let mut got = gate.clone();
+    geglu(&mut got, &up);
+    assert_eq!(got, want);
+    for ((&g, &u), &y) in gate.iter().zip(&up).zip(&got) {
+        let exact = 0.5 * g * (1.0 + (0.797_884_6 * g * (1.0 + 0.044_715 * g * g)).tanh()) * u;
+        // FP16 rounding of the input (a step of |g| 2^-11 at most, GELU's slope under
+        // 1.13) and of the output.
+        let bound = 6e-4 * (g.abs() * u + exact.abs()) + 1e-9;
+        assert!((y - exact).abs() <= bound, "{g}: {y} vs {exact}");
+    }
+}
+
 /// Dense FP32 products on the CPU backend (`fornax_cpu::dense`: column strips up to 8
 /// tokens, the blocked product on column blocks above) against the product summed in
 /// FP64, on odd sizes: strips of 64 columns and a ragged last one, token tiles of 4 and a
