@@ -9,8 +9,7 @@ use crate::kv::{BlockValues, KvStats, PagedKv, BLOCK_TOKENS};
 use crate::model::{Logits, Model, ModelError, SeqTokens};
 use crate::sampling::{pick_rows, Sampler, SamplingParams};
 use crate::sched::{
-    FinishReason, KvBlocks, PolicyKind, RequestId, Scheduled, Scheduler, SchedulerConfig,
-    SubmitError,
+    FinishReason, PolicyKind, RequestId, Scheduled, Scheduler, SchedulerConfig, SubmitError,
 };
 use crate::spec::{
     sampler_chain, verify, Acceptance, DraftRequest, Proposer, SpecConfig, SpecStats, Verdict,
@@ -120,9 +119,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         use std::hash::{DefaultHasher, Hash, Hasher};
         let mut h = DefaultHasher::new();
         format!("{:?}", self.model.config).hash(&mut h);
-        self.kv
-            .pool
-            .enable_prefix_cache(crate::prefix::PrefixIndex::new(h.finish()));
+        self.kv.enable_prefix_cache(h.finish());
         self
     }
 

@@ -65,6 +65,8 @@ pub struct PagedBatch<B: Backend> {
     pub decode_kernel: Option<DecodeKernel>,
     /// Whether every sequence has exactly one new row.
     pub decode_only: bool,
+    /// The same rows over the sliding pool, for windowed layers (when there is one).
+    pub sliding: Option<Box<PagedBatch<B>>>,
 }
 
 impl<B: Backend> PagedBatch<B> {
@@ -114,6 +116,15 @@ impl<B: Backend> PagedBatch<B> {
             row_seq: ids(&row_seq, device),
             tiles: ids(&tiles, device),
             seqs,
+            sliding: None,
+        }
+    }
+
+    /// The batch a layer attends over: the sliding pool's for windowed layers.
+    pub fn for_layer(&self, sliding: bool) -> &PagedBatch<B> {
+        match &self.sliding {
+            Some(windowed) if sliding => windowed,
+            _ => self,
         }
     }
 }

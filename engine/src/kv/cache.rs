@@ -1,4 +1,6 @@
 //! The paged KV cache as the model uses it: the pool's bookkeeping plus the device arenas.
+//! Sliding-window layers (Gemma 3's) keep theirs in a second, FP32 pool whose sequences
+//! give back every block the window has passed; the two pools hold the same sequences.
 
 use std::collections::{HashMap, HashSet};
 
@@ -8,12 +10,44 @@ use super::{
     BatchSeq, BlockPool, BlockValues, KvCapacity, KvDims, KvError, KvStats, KvStore, Move,
     PagedBatch, SeqId, Tier, TierPolicy, BLOCK_TOKENS,
 };
+use crate::prefix::PrefixIndex;
+
+/// The sliding pool: the windowed layers' blocks, at most a window's worth per sequence
+/// between steps.
+#[derive(Debug)]
+struct SlidingKv<B: Backend> {
+    pool: BlockPool,
+    store: KvStore<B>,
+    /// Keys a windowed query sees.
+    keys: usize,
+}
+
+impl<B: Backend> SlidingKv<B> {
+    /// Clears freed slots for their next user.
+    fn clear(&mut self, freed: &[(Tier, u32)]) {
+        if !freed.is_empty() {
+            self.store.clear(freed);
+        }
+    }
+
+    /// Gives back `seq`'s blocks that no later query of its layers can see.
+    fn trim(&mut self, seq: SeqId) -> Result<(), KvError> {
+        let (freed, moves) = self.pool.trim_window(seq, 0, self.keys)?;
+        debug_assert!(moves.is_empty(), "the sliding pool is FP32 only");
+        self.clear(&freed);
+        Ok(())
+    }
+}
 
 /// Block pool and arenas, allocated once.
 #[derive(Debug)]
 pub struct PagedKv<B: Backend> {
+    /// The pool of every layer that attends to all earlier keys.
     pub pool: BlockPool,
     pub store: KvStore<B>,
+    /// Windowed layers' pool, when the model has them and the capacity gives it slots.
+    sliding: Option<SlidingKv<B>>,
+    dims: KvDims,
     /// Attend with our kernels where the backend has them (`false`: burn reference path).
     pub kernels: bool,
     /// Sequences whose tokens written since their last settle may be taken back.
@@ -25,11 +59,29 @@ pub struct PagedKv<B: Backend> {
 }
 
 impl<B: Backend> PagedKv<B> {
-    /// A pool of `capacity` blocks for a model of `dims` on `device`.
+    /// A pool of `capacity` blocks for a model of `dims` on `device`: windowed layers in a
+    /// sliding pool of `capacity.sliding` blocks, or with the others when that is zero.
     pub fn new(dims: KvDims, capacity: KvCapacity, policy: TierPolicy, device: &B::Device) -> Self {
+        let dims = match capacity.sliding {
+            0 => KvDims {
+                sliding: None,
+                ..dims
+            },
+            _ => dims,
+        };
+        let sliding = dims.windowed().map(|(_, s)| {
+            let slots = KvCapacity::f32_only(capacity.sliding);
+            SlidingKv {
+                pool: BlockPool::new(slots, TierPolicy::ALL_F32),
+                store: KvStore::for_layers(dims.members(true), dims, slots, device),
+                keys: s.keys,
+            }
+        });
         Self {
             pool: BlockPool::new(capacity, policy),
-            store: KvStore::new(dims, capacity, device),
+            store: KvStore::for_layers(dims.members(false), dims, capacity, device),
+            sliding,
+            dims,
             kernels: true,
             held: HashSet::new(),
             staged: HashMap::new(),
@@ -37,9 +89,101 @@ impl<B: Backend> PagedKv<B> {
         }
     }
 
+    /// Whether model `layer` keeps its keys in the sliding pool.
+    pub fn is_sliding(&self, layer: usize) -> bool {
+        self.sliding.is_some() && self.dims.is_sliding(layer)
+    }
+
+    /// The arenas holding model `layer`.
+    pub fn store(&self, layer: usize) -> &KvStore<B> {
+        match &self.sliding {
+            Some(s) if self.dims.is_sliding(layer) => &s.store,
+            _ => &self.store,
+        }
+    }
+
+    /// [`Self::store`], to write into.
+    pub fn store_mut(&mut self, layer: usize) -> &mut KvStore<B> {
+        match &mut self.sliding {
+            Some(s) if self.dims.is_sliding(layer) => &mut s.store,
+            _ => &mut self.store,
+        }
+    }
+
+    /// Bytes of every arena, both pools.
+    pub fn bytes(&self) -> usize {
+        self.store.bytes() + self.sliding.as_ref().map_or(0, |s| s.store.bytes())
+    }
+
+    /// The sliding pool's figures, if there is one.
+    pub fn sliding_stats(&self) -> Option<KvStats> {
+        self.sliding.as_ref().map(|s| s.pool.stats())
+    }
+
+    /// Shares full blocks across sequences through prefix indexes salted with `salt`
+    /// (one per pool).
+    pub fn enable_prefix_cache(&mut self, salt: u64) {
+        self.pool.enable_prefix_cache(PrefixIndex::new(salt));
+        if let Some(s) = &mut self.sliding {
+            s.pool.enable_prefix_cache(PrefixIndex::new(salt));
+        }
+    }
+
     /// Registers an empty sequence.
     pub fn add_sequence(&mut self) -> SeqId {
-        self.pool.add_sequence()
+        let id = self.pool.add_sequence();
+        if let Some(s) = &mut self.sliding {
+            s.pool.add_sequence_as(id);
+        }
+        id
+    }
+
+    /// A new sequence starting with the cached blocks matching `tokens` in both pools
+    /// (see [`BlockPool::add_sequence_with_prefix`]): as many tokens as each pool holds
+    /// the keys of. Returns it and the tokens it holds.
+    pub fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize) {
+        let (mut id, mut held) = self.pool.add_sequence_with_prefix(tokens);
+        loop {
+            let Some(s) = &mut self.sliding else {
+                return (id, held);
+            };
+            let reach = s.pool.add_sequence_with_prefix_as(id, tokens, held);
+            if reach >= held {
+                return (id, held);
+            }
+            // The windowed layers hold less of it: both start again from there.
+            let freed = s.pool.abandon_sequence(id).expect("just added");
+            s.clear(&freed);
+            let freed = self.pool.abandon_sequence(id).expect("just added");
+            self.clear_freed(&freed);
+            (id, held) = self.pool.add_sequence_with_prefix_upto(tokens, reach);
+        }
+    }
+
+    /// Offers `seq`'s full blocks, holding `tokens`, to the prefix indexes (see
+    /// [`BlockPool::index_prefix`]).
+    pub fn index_prefix(&mut self, seq: SeqId, tokens: &[u32], finished: bool) {
+        self.pool.index_prefix(seq, tokens, finished);
+        if let Some(s) = &mut self.sliding {
+            s.pool.index_prefix(seq, tokens, finished);
+        }
+    }
+
+    /// Free blocks new tokens can be written to, in whichever pool has fewer.
+    pub fn free_blocks(&self) -> usize {
+        let main = self.pool.free_blocks(Tier::F32);
+        self.sliding
+            .as_ref()
+            .map_or(main, |s| main.min(s.pool.free_blocks(Tier::F32)))
+    }
+
+    /// Blocks `seq` needs for `extra` more tokens, in whichever pool needs more.
+    pub fn blocks_needed(&self, seq: SeqId, extra: usize) -> Result<usize, KvError> {
+        let main = self.pool.blocks_needed(seq, extra)?;
+        match &self.sliding {
+            Some(s) => Ok(main.max(s.pool.blocks_needed(seq, extra)?)),
+            None => Ok(main),
+        }
     }
 
     /// Frees a sequence's blocks (clearing the slots on the device for their next user).
@@ -48,6 +192,10 @@ impl<B: Backend> PagedKv<B> {
         self.staged.remove(&seq);
         let freed = self.pool.free_sequence(seq)?;
         self.clear_freed(&freed);
+        if let Some(s) = &mut self.sliding {
+            let freed = s.pool.free_sequence(seq)?;
+            s.clear(&freed);
+        }
         Ok(())
     }
 
@@ -63,6 +211,10 @@ impl<B: Backend> PagedKv<B> {
     pub fn abandon_sequence(&mut self, seq: SeqId) -> Result<(), KvError> {
         let freed = self.pool.abandon_sequence(seq)?;
         self.clear_freed(&freed);
+        if let Some(s) = &mut self.sliding {
+            let freed = s.pool.abandon_sequence(seq)?;
+            s.clear(&freed);
+        }
         Ok(())
     }
 
@@ -71,9 +223,14 @@ impl<B: Backend> PagedKv<B> {
         self.pool.len(seq)
     }
 
-    /// The pool's figures.
+    /// The main pool's figures, with the sliding pool's block counts.
     pub fn stats(&self) -> KvStats {
-        self.pool.stats()
+        let sliding = self.sliding_stats().unwrap_or_default();
+        KvStats {
+            sliding_used: sliding.blocks_used,
+            sliding_total: sliding.blocks_total,
+            ..self.pool.stats()
+        }
     }
 
     /// Reserves room for `new` tokens of each `(sequence, new)` (all or nothing) and
@@ -96,21 +253,21 @@ impl<B: Backend> PagedKv<B> {
                 free,
             });
         }
-        let mut seqs = Vec::with_capacity(parts.len());
-        let mut rows = Vec::new();
-        let mut row_start = 0;
-        for &(seq, new) in parts {
-            self.pool.reserve(seq, new)?;
-            rows.extend(self.pool.write_rows(seq, new)?);
-            seqs.push(BatchSeq {
-                row_start,
-                rows: new,
-                start: self.pool.stored(seq)?,
-                position: self.pool.len(seq)?,
-                table: self.pool.table(seq)?,
-            });
-            row_start += new;
+        if let Some(s) = &self.sliding {
+            let mut needed = 0;
+            for &(seq, new) in parts {
+                needed += s.pool.blocks_needed(seq, new)?;
+            }
+            let free = s.pool.free_blocks(Tier::F32);
+            if needed > free {
+                return Err(KvError::OutOfBlocks {
+                    tier: Tier::F32,
+                    needed,
+                    free,
+                });
+            }
         }
+        let (seqs, rows) = describe(&mut self.pool, parts)?;
         // Blocks leaving the device are read for the host first, then slots taken from
         // evicted cached blocks are cleared, then blocks brought back from the host are
         // written into their (now zero) slots, before copies read them.
@@ -124,12 +281,19 @@ impl<B: Backend> PagedKv<B> {
         if !copies.is_empty() {
             self.store.copy_blocks(&copies);
         }
-        Ok(PagedBatch::new(
-            seqs,
-            &rows,
-            self.kernels,
-            self.store.device(),
-        ))
+        let mut batch = PagedBatch::new(seqs, &rows, self.kernels, self.store.device());
+        if let Some(s) = &mut self.sliding {
+            let (seqs, rows) = describe(&mut s.pool, parts)?;
+            let evicted = s.pool.take_evicted();
+            s.clear(&evicted);
+            let copies = s.pool.take_copies();
+            if !copies.is_empty() {
+                s.store.copy_blocks(&copies);
+            }
+            let windowed = PagedBatch::new(seqs, &rows, self.kernels, s.store.device());
+            batch.sliding = Some(Box::new(windowed));
+        }
+        Ok(batch)
     }
 
     /// Reads, in one read, the indexed blocks leaving the device into the host tier and
@@ -213,6 +377,11 @@ impl<B: Backend> PagedKv<B> {
         let (freed, rows) = self.pool.truncate(seq, len)?;
         self.clear_freed(&freed);
         self.store.clear_rows(rows);
+        if let Some(s) = &mut self.sliding {
+            let (freed, rows) = s.pool.truncate(seq, len)?;
+            s.clear(&freed);
+            s.store.clear_rows(rows);
+        }
         Ok(())
     }
 
@@ -229,6 +398,9 @@ impl<B: Backend> PagedKv<B> {
         self.held.remove(&seq);
         let moves = self.pool.settle(seq)?;
         self.apply_moves(&moves);
+        if let Some(s) = &mut self.sliding {
+            s.trim(seq)?;
+        }
         Ok(())
     }
 
@@ -238,13 +410,46 @@ impl<B: Backend> PagedKv<B> {
         let mut moves = Vec::new();
         for &(seq, new) in parts {
             let staged = self.staged.remove(&seq);
-            if self.held.contains(&seq) {
+            let held = self.held.contains(&seq);
+            if held {
                 self.pool.advance_tentative(seq, new)?;
             } else {
                 moves.extend(self.pool.advance_indexed(seq, new, staged.as_deref())?);
+            }
+            if let Some(s) = &mut self.sliding {
+                if held {
+                    s.pool.advance_tentative(seq, new)?;
+                } else {
+                    s.pool.advance_indexed(seq, new, staged.as_deref())?;
+                    s.trim(seq)?;
+                }
             }
         }
         self.apply_moves(&moves);
         Ok(())
     }
+}
+
+/// Reserves room in `pool` for each `(sequence, new)` and describes them for a batch:
+/// the sequences and the FP32 arena row of every new token.
+fn describe(
+    pool: &mut BlockPool,
+    parts: &[(SeqId, usize)],
+) -> Result<(Vec<BatchSeq>, Vec<u32>), KvError> {
+    let mut seqs = Vec::with_capacity(parts.len());
+    let mut rows = Vec::new();
+    let mut row_start = 0;
+    for &(seq, new) in parts {
+        pool.reserve(seq, new)?;
+        rows.extend(pool.write_rows(seq, new)?);
+        seqs.push(BatchSeq {
+            row_start,
+            rows: new,
+            start: pool.stored(seq)?,
+            position: pool.len(seq)?,
+            table: pool.table(seq)?,
+        });
+        row_start += new;
+    }
+    Ok((seqs, rows))
 }

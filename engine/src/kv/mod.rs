@@ -24,7 +24,7 @@ pub use cache::PagedKv;
 pub use error::KvError;
 pub use fornax_shaders::launch::AttentionShape;
 pub use host_tier::{BlockKey, BlockValues, HostStats, HostTier};
-pub use layout::{KvCapacity, KvDims};
+pub use layout::{KvCapacity, KvDims, Sliding};
 pub use ops::PagedAttentionOps;
 pub use pool::{BlockId, BlockPool, Move, SeqId};
 pub use stats::KvStats;

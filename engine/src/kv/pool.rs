@@ -253,11 +253,31 @@ impl BlockPool {
     /// holding the last token, whose logits the caller needs). Returns it and the tokens
     /// it already holds.
     pub fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize) {
+        self.add_sequence_with_prefix_upto(tokens, usize::MAX)
+    }
+
+    /// [`Self::add_sequence_with_prefix`] reusing at most `cap` tokens (counted in the
+    /// figures as a lookup of the whole prompt).
+    pub fn add_sequence_with_prefix_upto(&mut self, tokens: &[u32], cap: usize) -> (SeqId, usize) {
         let id = self.add_sequence();
+        (id, self.attach_prefix(id, tokens, cap))
+    }
+
+    /// Registers sequence `id` (kept in step with another pool's) starting with at most
+    /// `cap` cached tokens of `tokens`; returns the tokens it holds.
+    pub fn add_sequence_with_prefix_as(&mut self, id: SeqId, tokens: &[u32], cap: usize) -> usize {
+        self.add_sequence_as(id);
+        self.attach_prefix(id, tokens, cap)
+    }
+
+    /// Gives the new, empty sequence `id` the cached blocks matching at most `cap` tokens of
+    /// `tokens`; returns the tokens it then holds.
+    fn attach_prefix(&mut self, id: SeqId, tokens: &[u32], cap: usize) -> usize {
         let Some(prefix) = self.prefix.as_mut() else {
-            return (id, 0);
+            return 0;
         };
-        let limit = tokens.len().saturating_sub(1);
+        let looked = tokens.len().saturating_sub(1);
+        let limit = looked.min(cap);
         let m = prefix.lookup(tokens, limit);
         let mut chain = m.chain;
         // A partly filled cached block is passed over when host memory holds more there.
@@ -283,15 +303,15 @@ impl BlockPool {
         blocks.extend(tail.map(|t| t.0));
         let prefix = self.prefix.as_mut().expect("checked above");
         prefix.stats.lookups += 1;
-        prefix.stats.lookup_tokens += limit as u64;
+        prefix.stats.lookup_tokens += looked as u64;
         prefix.stats.hit_tokens += len as u64;
         let seq = self.seqs.get_mut(&id).expect("just added");
-        seq.lookup = (limit, len);
+        seq.lookup = (looked, len);
         seq.indexed = full;
         seq.chain = Some(chain);
         seq.blocks = blocks;
         seq.len = len;
-        (id, len)
+        len
     }
 
     /// How many of `tokens` from block `i` on (after `chain`) the host tier would bring
@@ -528,9 +548,15 @@ impl BlockPool {
     /// Registers an empty sequence.
     pub fn add_sequence(&mut self) -> SeqId {
         let id = SeqId(self.next_seq);
-        self.next_seq += 1;
-        self.seqs.insert(id, Sequence::default());
+        self.add_sequence_as(id);
         id
+    }
+
+    /// Registers an empty sequence under `id` (another pool's), which must be new here.
+    pub fn add_sequence_as(&mut self, id: SeqId) {
+        let fresh = self.seqs.insert(id, Sequence::default()).is_none();
+        assert!(fresh, "sequence {id:?} is already in the pool");
+        self.next_seq = self.next_seq.max(id.0 + 1);
     }
 
     fn seq(&self, id: SeqId) -> Result<&Sequence, KvError> {
@@ -930,6 +956,8 @@ impl BlockPool {
             shared_blocks: shared,
             window_trims: self.trims,
             window_dropped_tokens: self.trimmed_tokens,
+            sliding_used: 0,
+            sliding_total: 0,
         }
     }
 }

@@ -26,6 +26,9 @@ pub struct KvStats {
     /// Times an elastic window trimmed a sequence, and the tokens it dropped.
     pub window_trims: u64,
     pub window_dropped_tokens: u64,
+    /// Blocks of the sliding pool (windowed layers) in use, and in all.
+    pub sliding_used: usize,
+    pub sliding_total: usize,
 }
 
 impl KvStats {
@@ -39,12 +42,13 @@ impl KvStats {
         ratio(self.blocks_used, self.blocks_total)
     }
 
-    /// Device bytes of the used blocks, each at its tier's size.
+    /// Device bytes of the used blocks, each at its tier's size, both pools.
     pub fn bytes_used(&self, dims: super::KvDims) -> usize {
         super::Tier::ALL
             .iter()
             .map(|&t| self.blocks_used_by_tier[t.index()] * dims.block_bytes(t))
-            .sum()
+            .sum::<usize>()
+            + self.sliding_used * dims.sliding_block_bytes()
     }
 
     /// Unused slots over the slots of used blocks.

@@ -53,10 +53,13 @@ pub struct LayerKv<B: Backend> {
     pub values: TierArena<B>,
 }
 
-/// Every layer's arenas.
+/// The arenas of a pool's layers (every layer, or those of one kind of attention).
 #[derive(Debug)]
 pub struct KvStore<B: Backend> {
     layers: Vec<LayerKv<B>>,
+    /// The model layer each of `layers` holds.
+    members: Vec<usize>,
+    /// Dimensions of `layers` alone.
     dims: KvDims,
     device: B::Device,
 }
@@ -102,9 +105,21 @@ impl<B: Backend> TierArena<B> {
 }
 
 impl<B: Backend> KvStore<B> {
-    /// Zeroed arenas for `capacity` on `device`.
+    /// Zeroed arenas of every layer of `dims` for `capacity` on `device`.
     pub fn new(dims: KvDims, capacity: KvCapacity, device: &B::Device) -> Self {
-        let layers = (0..dims.n_layers)
+        Self::for_layers((0..dims.n_layers).collect(), dims, capacity, device)
+    }
+
+    /// Zeroed arenas of model layers `members` (each with `dims`' heads) for `capacity`.
+    pub fn for_layers(
+        members: Vec<usize>,
+        dims: KvDims,
+        capacity: KvCapacity,
+        device: &B::Device,
+    ) -> Self {
+        let dims = KvDims::dense(members.len(), dims.n_kv_heads, dims.head_dim);
+        let layers = members
+            .iter()
             .map(|_| LayerKv {
                 keys: TierArena::new(dims, capacity, device),
                 values: TierArena::new(dims, capacity, device),
@@ -112,9 +127,18 @@ impl<B: Backend> KvStore<B> {
             .collect();
         Self {
             layers,
+            members,
             dims,
             device: device.clone(),
         }
+    }
+
+    /// Where model `layer` sits in `layers`.
+    fn local(&self, layer: usize) -> usize {
+        self.members
+            .iter()
+            .position(|&m| m == layer)
+            .unwrap_or_else(|| panic!("layer {layer} is not in this pool"))
     }
 
     /// Bytes the arenas take (every layer's keys and values, all tiers): what
@@ -126,9 +150,9 @@ impl<B: Backend> KvStore<B> {
             .sum()
     }
 
-    /// The arenas of `layer`.
+    /// The arenas of model `layer`.
     pub fn layer(&self, layer: usize) -> &LayerKv<B> {
-        &self.layers[layer]
+        &self.layers[self.local(layer)]
     }
 
     /// The device of the arenas.
@@ -144,7 +168,8 @@ impl<B: Backend> KvStore<B> {
         keys: Tensor<B, 2>,
         values: Tensor<B, 2>,
     ) {
-        let kv = &mut self.layers[layer];
+        let local = self.local(layer);
+        let kv = &mut self.layers[local];
         kv.keys.f32_rows.update(|t| add_rows(t, &rows, keys));
         kv.values.f32_rows.update(|t| add_rows(t, &rows, values));
     }
@@ -152,7 +177,7 @@ impl<B: Backend> KvStore<B> {
     /// The FP32 key and value arenas of `layer`, for kernels that write new rows in place
     /// (free slots are zero, so writing equals the adding [`Self::write`] does).
     pub fn f32_arenas(&self, layer: usize) -> (&Tensor<B, 2>, &Tensor<B, 2>) {
-        let kv = &self.layers[layer];
+        let kv = self.layer(layer);
         (kv.keys.f32_rows.get(), kv.values.f32_rows.get())
     }
 

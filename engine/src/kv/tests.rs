@@ -3,7 +3,7 @@
 use super::*;
 
 fn pool(slots: [usize; 3], policy: TierPolicy) -> BlockPool {
-    BlockPool::new(KvCapacity { slots }, policy)
+    BlockPool::new(KvCapacity::tiers(slots), policy)
 }
 
 #[test]
@@ -91,11 +91,7 @@ fn aged_blocks_convert_once_and_free_their_fp32_slot() {
     assert_eq!(st.blocks_used_by_tier, [3, 4, 0]);
     assert_eq!(st.conversions, 4);
     // Bytes in use count each block at its tier's size: FP16 blocks take about half.
-    let dims = KvDims {
-        n_layers: 2,
-        n_kv_heads: 3,
-        head_dim: 64,
-    };
+    let dims = KvDims::dense(2, 3, 64);
     let f32_block = 2 * 2 * 32 * 3 * 64 * 4;
     let f16_block = 2 * 2 * (32 * 3 * 32 + 3) * 4;
     assert_eq!(st.bytes_used(dims), 3 * f32_block + 4 * f16_block);

@@ -67,13 +67,19 @@ impl<B: EngineBackend> Attention<B> {
         batch: &PagedBatch<B>,
         layer: usize,
     ) -> Tensor<B, 2> {
+        let batch = batch.for_layer(kv.is_sliding(layer));
         let shape = self.paged_shape(batch);
         let [q, k, v] = self.project(x);
         let q = B::rope_rows(q, self.n_heads, batch.positions.clone(), rope);
         let k = B::rope_rows(k, self.n_kv_heads, batch.positions.clone(), rope);
-        kv.store.write(layer, batch.write_rows.clone(), k, v);
-        self.o
-            .forward(B::paged_attention(q, kv.store.layer(layer), batch, shape))
+        kv.store_mut(layer)
+            .write(layer, batch.write_rows.clone(), k, v);
+        self.o.forward(B::paged_attention(
+            q,
+            kv.store(layer).layer(layer),
+            batch,
+            shape,
+        ))
     }
 
     /// The shape of this layer's attention over `batch`.

@@ -70,16 +70,17 @@ impl<B: EngineBackend> Block<B> {
         batch: &PagedBatch<B>,
         layer: usize,
     ) -> Tensor<B, 2> {
+        let batch = batch.for_layer(kv.is_sliding(layer));
         let shape = self.attn.paged_shape(batch);
         let to = QkvTarget {
             rope,
-            store: &mut kv.store,
+            store: kv.store_mut(layer),
             layer,
             batch,
             shape,
         };
         let q = B::qkv_rope_kv(self.attn_norm.forward(x.clone()), w.qkv, to);
-        let attended = B::paged_attention(q, kv.store.layer(layer), batch, shape);
+        let attended = B::paged_attention(q, kv.store(layer).layer(layer), batch, shape);
         let h = B::matmul_residual(attended, w.o, x);
         let gated = B::gate_up_swiglu(self.ffn_norm.forward(h.clone()), w.gate_up);
         B::matmul_residual(gated, w.down, h)

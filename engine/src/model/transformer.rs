@@ -5,7 +5,7 @@ use crate::EngineBackend;
 use burn_tensor::{backend::Backend, Tensor, TensorData};
 
 use super::{Block, KvCache, Linear, ModelConfig, ModelError, RmsNorm, Rope};
-use crate::kv::{KvCapacity, KvDims, PagedKv, SeqId, TierPolicy};
+use crate::kv::{KvCapacity, KvDims, PagedKv, SeqId, Sliding, TierPolicy};
 
 /// Which positions get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,10 +136,12 @@ impl<B: EngineBackend> Model<B> {
 
     /// The dimensions a KV cache of this model stores.
     pub fn kv_dims(&self) -> KvDims {
+        let windows: Vec<Option<usize>> = self.config.layers.iter().map(|l| l.window).collect();
         KvDims {
             n_layers: self.config.n_layers,
             n_kv_heads: self.config.n_kv_heads,
             head_dim: self.config.head_dim(),
+            sliding: Sliding::of_layers(&windows),
         }
     }
 

@@ -167,7 +167,7 @@ fn the_partly_filled_last_block_of_a_finished_sequence_is_reused() {
 
 #[test]
 fn blocks_that_age_into_fp16_leave_the_index_and_a_trimmed_sequence_adds_none() {
-    let mut p = BlockPool::new(KvCapacity { slots: [16, 16, 0] }, TierPolicy::DEFAULT);
+    let mut p = BlockPool::new(KvCapacity::tiers([16, 16, 0]), TierPolicy::DEFAULT);
     p.enable_prefix_cache(PrefixIndex::new(7));
     // 96 tokens: three full FP32 blocks indexed.
     let (a, _) = run(&mut p, &tokens(0, 96));

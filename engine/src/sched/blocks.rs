@@ -77,13 +77,16 @@ impl KvBlocks for BlockPool {
     }
 }
 
+/// With a sliding pool, the scheduler plans in the scarcer pool's blocks: free blocks are
+/// the fewer of the two, and a sequence needs the more of the two, so a plan that fits
+/// these counts fits both pools.
 impl<B: Backend> KvBlocks for PagedKv<B> {
     fn free_blocks(&self) -> usize {
-        self.pool.free_blocks(Tier::F32)
+        PagedKv::free_blocks(self)
     }
 
     fn blocks_needed(&self, seq: SeqId, extra: usize) -> usize {
-        KvBlocks::blocks_needed(&self.pool, seq, extra)
+        PagedKv::blocks_needed(self, seq, extra).unwrap_or(extra.div_ceil(BLOCK_TOKENS))
     }
 
     fn capacity_tokens(&self) -> usize {
@@ -95,11 +98,11 @@ impl<B: Backend> KvBlocks for PagedKv<B> {
     }
 
     fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize) {
-        self.pool.add_sequence_with_prefix(tokens)
+        PagedKv::add_sequence_with_prefix(self, tokens)
     }
 
     fn index_prefix(&mut self, seq: SeqId, tokens: &[u32], finished: bool) {
-        self.pool.index_prefix(seq, tokens, finished)
+        PagedKv::index_prefix(self, seq, tokens, finished)
     }
 
     fn abandon_sequence(&mut self, seq: SeqId) {

@@ -309,7 +309,7 @@ fn a_lone_prefill_larger_than_the_fp32_tier_runs_in_parts() {
         recent: Some(32),
         int8_after: None,
     };
-    let mut pool = BlockPool::new(KvCapacity { slots: [4, 16, 0] }, policy);
+    let mut pool = BlockPool::new(KvCapacity::tiers([4, 16, 0]), policy);
     let mut sched = Scheduler::new(config(256, 4), PolicyKind::Fcfs);
     let p = prompt(3, 200);
     let id = sched.submit(p.clone(), 20, 0, &pool).unwrap();

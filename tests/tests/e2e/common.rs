@@ -10,9 +10,10 @@ use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{LoadOptions, Logits, Model};
 use fornax_engine::sampling::argmax;
+use fornax_engine::sampling::SamplingParams;
 use fornax_engine::score::{perplexity, token_logprobs};
 use fornax_engine::seq_cache::{PagedSeq, SeqCache};
-use fornax_engine::{generate_in, prefill, GenerateParams};
+use fornax_engine::{generate_in, prefill, Engine, EngineBackend, Event, GenerateParams, Request};
 use serde::Deserialize;
 
 /// The folder with reference outputs: `$FORNAX_REFERENCE`, else `tests/reference`
@@ -354,4 +355,39 @@ pub fn leading_matches(
         ));
     }
     Ok(n)
+}
+
+/// Submits a greedy request of `max_tokens` for each prompt of a wave, runs the engine
+/// until it is idle, then the next wave; `on_step` sees the engine after every step.
+/// Returns the tokens of each prompt.
+pub fn serve_waves<B: EngineBackend>(
+    engine: &mut Engine<'_, B>,
+    prompts: &[Vec<u32>],
+    waves: &[&[usize]],
+    max_tokens: usize,
+    mut on_step: impl FnMut(&Engine<'_, B>),
+) -> Vec<Vec<u32>> {
+    let mut got = vec![Vec::new(); prompts.len()];
+    for wave in waves {
+        let mut ids = std::collections::HashMap::new();
+        for &i in *wave {
+            let request = Request {
+                prompt: prompts[i].clone(),
+                max_tokens,
+                qos: 0,
+                sampling: SamplingParams::greedy(),
+                stop_ids: vec![],
+            };
+            ids.insert(engine.submit(request).unwrap(), i);
+        }
+        while !engine.is_idle() {
+            for event in engine.step().unwrap() {
+                if let Event::Token { id, token } = event {
+                    got[ids[&id]].push(token);
+                }
+            }
+            on_step(engine);
+        }
+    }
+    got
 }

@@ -2,7 +2,7 @@
 //! each with its own `max_tokens`, give exactly the greedy tokens each gives alone, also
 //! when the KV pool is so small that requests must be preempted and recomputed.
 
-use crate::common::{model_file, read_reference, run_on, Perplexity, Prompts};
+use crate::common::{model_file, read_reference, run_on, serve_waves, Perplexity, Prompts};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
@@ -184,27 +184,7 @@ impl BackendTask for SharedPrefix {
             if cache {
                 engine = engine.with_prefix_cache();
             }
-            let mut got = vec![Vec::new(); prompts.len()];
-            let mut ids = HashMap::new();
-            for wave in [&[0][..], &[1, 2]] {
-                for &i in wave {
-                    let request = Request {
-                        prompt: prompts[i].clone(),
-                        max_tokens: 16,
-                        qos: 0,
-                        sampling: SamplingParams::greedy(),
-                        stop_ids: vec![],
-                    };
-                    ids.insert(engine.submit(request).unwrap(), i);
-                }
-                while !engine.is_idle() {
-                    for event in engine.step().unwrap() {
-                        if let Event::Token { id, token } = event {
-                            got[ids[&id]].push(token);
-                        }
-                    }
-                }
-            }
+            let got = serve_waves(&mut engine, &prompts, &[&[0], &[1, 2]], 16, |_| {});
             let stats = engine.kv.pool.prefix_stats();
             (got, stats, engine.tokens_computed)
         };
@@ -422,7 +402,7 @@ impl BackendTask for Window {
 
         let ids = &text.ids[..512];
         let score = |window: Option<usize>| {
-            let mut kv = model.new_paged_cache(KvCapacity { slots: [17; 3] }, TierPolicy::DEFAULT);
+            let mut kv = model.new_paged_cache(KvCapacity::tiers([17; 3]), TierPolicy::DEFAULT);
             let mut seq = PagedSeq::with_window(&mut kv, window.map(|w| (1, w)));
             perplexity(&token_logprobs_in(&model, &mut seq, ids, 32).unwrap())
         };

@@ -2,20 +2,23 @@
 //! (`tests/reference/gemma3/llama_cpp.json`, written by `scripts/peer/llama-reference.mjs`
 //! from `cases.json`): the tokenizer exact, greedy tokens equal up to a step where
 //! llama.cpp's own top-2 margin is below 0.1, perplexity over 1,023 tokens (past the
-//! 512-key window) within 1%, on the CPU backend and on wgpu.
+//! 512-key window) within 1%, on the CPU backend and on wgpu. The windowed layers' sliding
+//! pool gives blocks back as the window passes them, and the prefix cache reuses what
+//! both pools still hold.
 
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{Logits, Model, SeqTokens};
 use fornax_engine::sampling::argmax;
+use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::Tokenizer;
-use fornax_engine::{generate_in, GenerateParams};
+use fornax_engine::{generate_in, Engine, GenerateParams};
 use serde::Deserialize;
 
-use crate::common::{gemma_file, read_reference, run_on};
+use crate::common::{gemma_file, read_reference, run_on, serve_waves};
 
 /// A greedy divergence is allowed only after a step whose reference top-1/top-2
 /// log-probability margin is below this.
@@ -216,12 +219,27 @@ impl BackendTask for Check {
                 let ids = &r.text.ids[..tokens];
                 let want = r.text.perplexity(tokens);
                 let blocks = ids.len().div_ceil(BLOCK_TOKENS);
-                let mut kv =
-                    model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
                 // 64 tokens a pass: 256 rows of 262,144 logits would not fit one buffer
-                // on lavapipe.
-                let logprobs = token_logprobs_in(&model, &mut PagedSeq::new(&mut kv), ids, 64)
-                    .map_err(|e| e.to_string())?;
+                // on lavapipe. The windowed layers keep their keys in the sliding pool,
+                // which gives blocks back as the window passes them.
+                let dims = model.kv_dims();
+                let capacity = KvCapacity::f32_only(blocks).with_sliding(dims, 1, 64);
+                let mut kv = model.new_paged_cache(capacity, TierPolicy::ALL_F32);
+                let mut seq = PagedSeq::new(&mut kv);
+                let logprobs =
+                    token_logprobs_in(&model, &mut seq, ids, 64).map_err(|e| e.to_string())?;
+                let window = dims.windowed().ok_or("Gemma 3 has windowed layers")?.1;
+                let held = seq.kv.sliding_stats().ok_or("a sliding pool")?;
+                report += &format!(
+                    "sliding pool: {} of {} blocks held after {} tokens, {} tokens given back\n",
+                    held.blocks_used,
+                    held.blocks_total,
+                    ids.len(),
+                    held.window_dropped_tokens
+                );
+                if held.blocks_used > window.kept_blocks() + 1 || held.window_trims == 0 {
+                    failures.push(format!("the sliding pool kept {held:?}"));
+                }
                 let ppl = perplexity(&logprobs);
                 let rel = (ppl - want).abs() / want;
                 report += &format!(
@@ -266,4 +284,69 @@ fn greedy_tokens_match_llama_cpp_on_wgpu() {
 #[test]
 fn perplexity_matches_llama_cpp_on_wgpu() {
     check(BackendKind::Wgpu, Check::Perplexity { tokens: 1024 });
+}
+
+/// The engine on Gemma with the prefix cache: a 700-token prompt runs (its windowed layers
+/// give back the blocks past the window), then the same prompt and one sharing its first
+/// 300 tokens reuse what both pools hold: every full block of the first, since the sliding
+/// pool indexed them before giving them back, and all 300 tokens of the second (the last
+/// 12 from a copy of a shared block). Greedy tokens
+/// equal those computed without the cache.
+struct SlidingPrefix;
+
+impl BackendTask for SlidingPrefix {
+    type Output = ();
+
+    fn run<B: fornax_engine::EngineBackend>(self, device: B::Device, _: DeviceInfo) {
+        let gguf = GgufFile::parse(gemma_file().bytes()).unwrap();
+        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let text = &reference().text.ids;
+        let first = text[..700].to_vec();
+        let other = [&text[..300], &text[800..900]].concat();
+        let prompts = [first.clone(), first, other];
+        let serve = |cache: bool| {
+            let dims = model.kv_dims();
+            let capacity = KvCapacity::f32_only(96).with_sliding(dims, 2, 1024);
+            let kv = model.new_paged_cache(capacity, TierPolicy::ALL_F32);
+            let config = SchedulerConfig {
+                max_batch_tokens: 1024,
+                ..SchedulerConfig::default()
+            };
+            let mut engine = Engine::new(&model, kv, config, PolicyKind::default());
+            if cache {
+                engine = engine.with_prefix_cache();
+            }
+            let mut most_held = 0;
+            let got = serve_waves(&mut engine, &prompts, &[&[0], &[1, 2]], 8, |e| {
+                let sliding = e.kv.sliding_stats().expect("a sliding pool");
+                most_held = most_held.max(sliding.blocks_used);
+            });
+            let stats = engine.kv.pool.prefix_stats();
+            (got, stats, engine.tokens_computed, most_held)
+        };
+        let (want, _, computed_without, _) = serve(false);
+        let (got, stats, computed_with, most_held) = serve(true);
+        let stats = stats.expect("cache on");
+        eprintln!(
+            "prefix cache on Gemma: {stats:?}; tokens computed {computed_with} vs {computed_without} without; at most {most_held} sliding blocks held"
+        );
+        assert_eq!(got, want, "greedy tokens with and without the prefix cache");
+        assert_eq!(
+            stats.hit_tokens,
+            21 * 32 + 300,
+            "every token both pools hold"
+        );
+        assert_eq!(computed_without - computed_with, stats.hit_tokens);
+        // Two sequences of at most 708 tokens, each keeping its window (17 blocks) plus
+        // the block being written, after a step of at most 1,024 new tokens.
+        assert!(
+            most_held <= 2 * 18 + 1024 / 32,
+            "{most_held} sliding blocks held"
+        );
+    }
+}
+
+#[test]
+fn prefix_cache_reuses_what_both_pools_hold() {
+    run_on(BackendKind::Cpu, SlidingPrefix).unwrap();
 }

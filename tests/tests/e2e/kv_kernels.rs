@@ -156,14 +156,8 @@ impl BackendTask for KernelCheck {
     type Output = ();
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) {
-        let dims = KvDims {
-            n_layers: 1,
-            n_kv_heads: N_KV,
-            head_dim: HD,
-        };
-        let capacity = KvCapacity {
-            slots: [64, 64, 64],
-        };
+        let dims = KvDims::dense(1, N_KV, HD);
+        let capacity = KvCapacity::tiers([64, 64, 64]);
         let mut kv = PagedKv::<B>::new(dims, capacity, self.policy, &device);
         let mut filled: Vec<Filled> = self.lengths.iter().map(|&n| fill(&mut kv, n)).collect();
         if let Some(window) = self.window {

@@ -27,7 +27,7 @@ impl BackendTask for DecodeSteps {
             recent: Some(32),
             int8_after: Some(96),
         };
-        let mut kv = model.new_paged_cache(KvCapacity { slots: [8, 8, 8] }, policy);
+        let mut kv = model.new_paged_cache(KvCapacity::tiers([8, 8, 8]), policy);
         let prompts: [Vec<u32>; 2] = [(0..20).collect(), (100..107).collect()];
         let host_argmax = |l| logits_to_vec(l).chunks(256).map(argmax).collect();
         let usage = decode_steps(&model, &mut kv, [&prompts[0], &prompts[1]], host_argmax);
@@ -133,12 +133,8 @@ impl BackendTask for PoolBytes {
     type Output = ();
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) {
-        let dims = KvDims {
-            n_layers: 3,
-            n_kv_heads: 2,
-            head_dim: 64,
-        };
-        let capacity = KvCapacity { slots: [4, 6, 5] };
+        let dims = KvDims::dense(3, 2, 64);
+        let capacity = KvCapacity::tiers([4, 6, 5]);
         let kv = PagedKv::<B>::new(dims, capacity, TierPolicy::DEFAULT, &device);
         let budgeted: usize = [Tier::F32, Tier::F16, Tier::I8]
             .iter()

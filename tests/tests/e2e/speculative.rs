@@ -53,7 +53,7 @@ fn serve<B: EngineBackend>(
     slots: [usize; 3],
     spec: Option<SpecConfig>,
 ) -> Served {
-    let kv = model.new_paged_cache(KvCapacity { slots }, TierPolicy::DEFAULT);
+    let kv = model.new_paged_cache(KvCapacity::tiers(slots), TierPolicy::DEFAULT);
     let mut engine = Engine::new(model, kv, SchedulerConfig::default(), PolicyKind::default())
         .with_prefix_cache();
     if let Some(config) = spec {

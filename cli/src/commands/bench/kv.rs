@@ -19,9 +19,9 @@ use super::super::{load_model, parse, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct KvBenchArgs {
-    /// Context length of the bytes-per-token figure.
-    #[arg(long, default_value_t = 4096)]
-    pub context: usize,
+    /// Context lengths of the bytes-per-token figures.
+    #[arg(long, value_delimiter = ',', default_value = "4096,32768")]
+    pub context: Vec<usize>,
     /// Text scored for perplexity.
     #[arg(long, default_value = "tests/reference/ppl_text.txt")]
     pub text: PathBuf,
@@ -75,18 +75,34 @@ fn policies(int8_after: usize) -> [(String, TierPolicy); 3] {
     ]
 }
 
-/// Device bytes per token of one sequence of `context` tokens under `policy`.
+/// Device bytes per token of one sequence of `context` tokens under `policy`, run in
+/// steps of 512 tokens as the engine's pools keep them: the main pool's blocks at their
+/// tiers' sizes, plus the sliding pool's (windowed layers, FP32), which gives back every
+/// block its window has passed after each step.
 fn bytes_per_token(dims: KvDims, policy: TierPolicy, context: usize) -> f64 {
+    const STEP: usize = 512;
     let blocks = context.div_ceil(BLOCK_TOKENS) + 1;
-    let mut pool = BlockPool::new(KvCapacity { slots: [blocks; 3] }, policy);
-    let seq = pool.add_sequence();
-    pool.reserve(seq, context).expect("sized above");
-    pool.advance(seq, context).expect("reserved");
-    let used = pool.stats().blocks_used_by_tier;
+    let mut main = BlockPool::new(KvCapacity::tiers([blocks; 3]), policy);
+    let mut sliding = BlockPool::new(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
+    let seq = main.add_sequence();
+    sliding.add_sequence_as(seq);
+    let window = dims.windowed().map(|(_, s)| s.keys);
+    for start in (0..context).step_by(STEP) {
+        let n = STEP.min(context - start);
+        for pool in [&mut main, &mut sliding] {
+            pool.reserve(seq, n).expect("sized above");
+            pool.advance(seq, n).expect("reserved");
+        }
+        if let Some(keys) = window {
+            sliding.trim_window(seq, 0, keys).expect("a sequence");
+        }
+    }
+    let used = main.stats().blocks_used_by_tier;
     let bytes: usize = Tier::ALL
         .iter()
         .map(|&t| used[t.index()] * dims.block_bytes(t))
-        .sum();
+        .sum::<usize>()
+        + sliding.stats().blocks_used * dims.sliding_block_bytes();
     bytes as f64 / context as f64
 }
 
@@ -289,6 +305,37 @@ impl KvBench<'_> {
     }
 }
 
+/// The bytes-per-token table at `context` tokens: each tier policy, and for a model with
+/// windowed layers the same with every layer keeping every block.
+fn print_bytes_per_token(dims: KvDims, context: usize, int8_after: usize) {
+    println!("\nKV bytes per token at {context} tokens of context:");
+    let f32_bytes = bytes_per_token(dims, TierPolicy::ALL_F32, context);
+    let dense = KvDims {
+        sliding: None,
+        ..dims
+    };
+    if let Some((_, s)) = dims.windowed() {
+        println!(
+            "  ({} of {} layers windowed over {} keys; \"all kept\": every layer keeps every block)",
+            dims.members(true).len(),
+            dims.n_layers,
+            s.keys
+        );
+    }
+    for (name, policy) in policies(int8_after) {
+        let b = bytes_per_token(dims, policy, context);
+        let mut line = format!(
+            "  {name:<34} {b:>9.0} B/token  {:>6.1}% smaller than FP32",
+            100.0 * (1.0 - b / f32_bytes)
+        );
+        if dims.sliding.is_some() {
+            let all = bytes_per_token(dense, policy, context);
+            line += &format!("  | all kept {all:>9.0} B/token, {:.2}x more", all / b);
+        }
+        println!("{line}");
+    }
+}
+
 impl BackendTask for KvBench<'_> {
     type Output = Result<()>;
 
@@ -302,14 +349,8 @@ impl BackendTask for KvBench<'_> {
             dims.n_layers, dims.n_kv_heads, dims.head_dim
         );
 
-        println!("\nKV bytes per token at {} tokens of context:", a.context);
-        let f32_bytes = bytes_per_token(dims, TierPolicy::ALL_F32, a.context);
-        for (name, policy) in policies(a.int8_after) {
-            let b = bytes_per_token(dims, policy, a.context);
-            println!(
-                "  {name:<34} {b:>9.0} B/token  {:>6.1}% smaller than FP32",
-                100.0 * (1.0 - b / f32_bytes)
-            );
+        for &context in &a.context {
+            print_bytes_per_token(dims, context, a.int8_after);
         }
 
         if !a.no_perplexity {

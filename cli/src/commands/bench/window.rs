@@ -49,7 +49,7 @@ impl WindowBench<'_> {
     ) -> Result<f64> {
         // Room for the whole text in every tier: the pool's size does not matter here.
         let n = ids.len().div_ceil(32) + 1;
-        let capacity = KvCapacity { slots: [n; 3] };
+        let capacity = KvCapacity::tiers([n; 3]);
         let mut kv = model.new_paged_cache(capacity, self.args.load.kv.policy());
         let mut seq = PagedSeq::with_window(&mut kv, window);
         Ok(perplexity(&token_logprobs_in(model, &mut seq, ids, 32)?))
