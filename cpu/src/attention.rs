@@ -315,14 +315,20 @@ pub fn contiguous_attention(
 /// Keys scored together: one query against four keys runs four independent sums.
 const KEYS: usize = 4;
 
+/// Value rows a weighted sum takes for every query head of a group before the next run
+/// (16 KB of rows of 256 values: they stay in L1 across the heads).
+const VALUES: usize = 16;
+
 /// The two products attention is made of, per instruction set. Every key's score goes
 /// through [`Products::dot4`] (the rows padded to a multiple of [`KEYS`]), so a score
 /// does not depend on which other keys it was computed with.
 trait Products {
     /// `q · k_j` for the four rows `keys` (`q.len()` values each).
     fn dot4(q: &[f32], keys: [&[f32]; KEYS]) -> [f32; KEYS];
-    /// `out = sum_k p[k] * values[k]` over rows of `out.len()` values.
-    fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]);
+    /// `out = sum_k p[k] * values[k]` over rows of `out.len()` values; with `more`, the
+    /// sum goes on from what `out` holds (a later run of keys: each value still sums its
+    /// products in key order).
+    fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32], more: bool);
     /// The scores replaced by their softmax.
     fn softmax(scores: &mut [f32]);
 }
@@ -335,8 +341,10 @@ impl Products for Portable {
         keys.map(|k| q.iter().zip(k).map(|(a, b)| a * b).sum())
     }
 
-    fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
-        out.fill(0.0);
+    fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32], more: bool) {
+        if !more {
+            out.fill(0.0);
+        }
         for (&p, v) in p.iter().zip(values) {
             for (o, v) in out.iter_mut().zip(v.iter()) {
                 *o += p * v;
@@ -371,9 +379,9 @@ impl Products for Avx2 {
     }
 
     #[inline(always)]
-    fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
+    fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32], more: bool) {
         // SAFETY: as above.
-        unsafe { avx2::weighted_sum(p, values, out) }
+        unsafe { avx2::weighted_sum(p, values, out, more) }
     }
 
     #[inline(always)]
@@ -421,7 +429,7 @@ mod avx2 {
     /// held in registers 64 values at a time (then 8 at a time for the rest); each value
     /// sums its products in key order either way.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32]) {
+    pub(super) fn weighted_sum(p: &[f32], values: &[&[f32]], out: &mut [f32], more: bool) {
         const REGS: usize = 8;
         let hd = out.len();
         assert!(
@@ -432,11 +440,11 @@ mod avx2 {
         let full = hd / (8 * REGS) * 8 * REGS;
         for c in (0..full).step_by(8 * REGS) {
             // SAFETY: c + 8 REGS <= hd.
-            unsafe { columns::<REGS>(p, values, c, out) };
+            unsafe { columns::<REGS>(p, values, c, out, more) };
         }
         for c in (full..hd).step_by(8) {
             // SAFETY: c + 8 <= hd.
-            unsafe { columns::<1>(p, values, c, out) };
+            unsafe { columns::<1>(p, values, c, out, more) };
         }
     }
 
@@ -476,8 +484,20 @@ mod avx2 {
     /// AVX2 and FMA; `c + 8 R` within `out` and every row of `values`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn columns<const R: usize>(p: &[f32], values: &[&[f32]], c: usize, out: &mut [f32]) {
+    unsafe fn columns<const R: usize>(
+        p: &[f32],
+        values: &[&[f32]],
+        c: usize,
+        out: &mut [f32],
+        more: bool,
+    ) {
         let mut acc = [_mm256_setzero_ps(); R];
+        if more {
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: as the caller guarantees.
+                *a = unsafe { _mm256_loadu_ps(out.as_ptr().add(c + 8 * r)) };
+            }
+        }
         for (&w, row) in p.iter().zip(values) {
             let w = _mm256_set1_ps(w);
             let vp = row.as_ptr();
@@ -568,29 +588,35 @@ fn attend_with<P: Products>(
     k_rows.resize((total - first).next_multiple_of(KEYS), &zero);
     let v_rows = gather(values, first..total, g, dims, &mut v_scratch);
     let mut out = vec![0.0f32; nr * group * hd];
-    let mut scores = vec![0.0f32; (total - first).next_multiple_of(KEYS)];
+    let stride = (total - first).next_multiple_of(KEYS);
+    let mut scores = vec![0.0f32; group * stride];
     for i in 0..nr {
         let sees = seen(i);
         let (lo, hi) = (sees.start - first, sees.end - first);
         // Scores in runs of KEYS from the piece's first key, so that a key's score does
-        // not depend on the row that asked for it.
+        // not depend on the row that asked for it. Every query head of the group takes
+        // each run of keys in turn while they are in the nearest cache.
         let from = lo - lo % KEYS;
-        for h in 0..group {
-            let query = &q[(s.row_start + r0 + i) * width + (g * group + h) * hd..][..hd];
-            for (k, sc) in scores[from..hi.next_multiple_of(KEYS)]
-                .chunks_exact_mut(KEYS)
-                .enumerate()
-            {
-                let at = from + k * KEYS;
-                let four = P::dot4(query, std::array::from_fn(|j| k_rows[at + j]));
-                for (s, v) in sc.iter_mut().zip(four) {
+        let row = &q[(s.row_start + r0 + i) * width + g * group * hd..][..group * hd];
+        for at in (from..hi.next_multiple_of(KEYS)).step_by(KEYS) {
+            let run: [&[f32]; KEYS] = std::array::from_fn(|j| k_rows[at + j]);
+            for (query, sc) in row.chunks_exact(hd).zip(scores.chunks_exact_mut(stride)) {
+                let four = P::dot4(query, run);
+                for (s, v) in sc[at..at + KEYS].iter_mut().zip(four) {
                     *s = v * scale;
                 }
             }
-            let sc = &mut scores[lo..hi];
-            P::softmax(sc);
-            let o = &mut out[(i * group + h) * hd..][..hd];
-            P::weighted_sum(sc, &v_rows[lo..hi], o);
+        }
+        for sc in scores.chunks_exact_mut(stride) {
+            P::softmax(&mut sc[lo..hi]);
+        }
+        // The weighted sums in runs of VALUES keys, each run read once for every head.
+        let o = &mut out[i * group * hd..][..group * hd];
+        for start in (lo..hi).step_by(VALUES) {
+            let end = (start + VALUES).min(hi);
+            for (oh, sc) in o.chunks_exact_mut(hd).zip(scores.chunks_exact(stride)) {
+                P::weighted_sum(&sc[start..end], &v_rows[start..end], oh, start > lo);
+            }
         }
     }
     out
