@@ -29,6 +29,18 @@ pub enum QuantFormat {
 }
 
 impl QuantFormat {
+    /// Every format, in declaration order (`ALL[f as usize] == f`): the kernels take a
+    /// format as a const index into it, so its tests fold away.
+    pub const ALL: [QuantFormat; 7] = [
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q8_0,
+        Self::Q5_0,
+        Self::K4,
+        Self::K5,
+        Self::K8,
+    ];
+
     /// Code bytes per block: 16 nibble pairs, 32 bytes, or (Q5_0) 4 bytes of high bits
     /// and 16 nibble pairs.
     pub const fn code_bytes(self) -> usize {

@@ -9,7 +9,9 @@
 //! the batch, so a token's result does not depend on the tokens beside it.
 
 /// A level's `tokens`: tokens `t0..t0 + n` (`n` at most [`TILE`]) against one group,
-/// through the level's `tile::<N>` (defined beside it) for the `N` that fits.
+/// through the level's `tile::<N, F>` (defined beside it) for the `N` that fits and the
+/// format's index `F` in [`QuantFormat::ALL`](crate::format::QuantFormat::ALL), so that
+/// each format's tile is compiled on its own, its tests on the format folded away.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 macro_rules! tokens_by_tile {
     ($features:literal) => {
@@ -26,15 +28,41 @@ macro_rules! tokens_by_tile {
             n: usize,
             out: &mut [[f32; LANES]],
         ) {
+            // SAFETY: as the caller guarantees.
+            unsafe {
+                match format {
+                    QuantFormat::Q4_0 => tokens_of::<0>(group, acts, t0, n, out),
+                    QuantFormat::Q4_1 => tokens_of::<1>(group, acts, t0, n, out),
+                    QuantFormat::Q8_0 => tokens_of::<2>(group, acts, t0, n, out),
+                    QuantFormat::Q5_0 => tokens_of::<3>(group, acts, t0, n, out),
+                    QuantFormat::K4 => tokens_of::<4>(group, acts, t0, n, out),
+                    QuantFormat::K5 => tokens_of::<5>(group, acts, t0, n, out),
+                    QuantFormat::K8 => tokens_of::<6>(group, acts, t0, n, out),
+                }
+            }
+        }
+
+        /// [`tokens`] for the format `QuantFormat::ALL[F]`.
+        ///
+        /// # Safety
+        /// As [`tile`].
+        #[target_feature(enable = $features)]
+        unsafe fn tokens_of<const F: usize>(
+            group: &[u8],
+            acts: &crate::activations::Q8Activations,
+            t0: usize,
+            n: usize,
+            out: &mut [[f32; LANES]],
+        ) {
             let nb = acts.cols / QBLOCK;
             let x = |j: usize| acts.token(t0 + j);
             // SAFETY: as the caller guarantees.
             unsafe {
                 match n {
-                    4 => tile::<4>(format, group, nb, std::array::from_fn(x), out),
-                    3 => tile::<3>(format, group, nb, std::array::from_fn(x), out),
-                    2 => tile::<2>(format, group, nb, std::array::from_fn(x), out),
-                    _ => tile::<1>(format, group, nb, [x(0)], out),
+                    4 => tile::<4, F>(group, nb, std::array::from_fn(x), out),
+                    3 => tile::<3, F>(group, nb, std::array::from_fn(x), out),
+                    2 => tile::<2, F>(group, nb, std::array::from_fn(x), out),
+                    _ => tile::<1, F>(group, nb, [x(0)], out),
                 }
             }
         }

@@ -92,15 +92,15 @@ macro_rules! level {
             ///
             /// # Safety
             /// The CPU has the level's features; `group` holds `nb` group-blocks of
-            /// `format` and each token `nb` blocks.
+            /// `QuantFormat::ALL[F]` and each token `nb` blocks.
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn tile<const N: usize>(
-                format: QuantFormat,
+            pub(crate) unsafe fn tile<const N: usize, const F: usize>(
                 group: &[u8],
                 nb: usize,
                 x: [(&[i8], &[f32], &[f32]); N],
                 out: &mut [[f32; LANES]],
             ) {
+                let format = QuantFormat::ALL[F];
                 let (gbb, codes_at) = (format.group_block_bytes(), format.group_codes_at());
                 debug_assert!(group.len() >= nb * gbb && out.len() >= N);
                 let mut acc = [_mm256_setzero_ps(); N];
