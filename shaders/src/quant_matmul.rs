@@ -12,7 +12,9 @@
 //!
 //! The K-quants come as groups of 32 (the host's `PackedMatrix`): K4 (Q4_K) with Q4's codes,
 //! K8 (Q6_K, Q3_K) with Q8_0's; both have two FP32 words per block: K4 `d` and `m`, K8 a
-//! `d` for each half of 16 values.
+//! `d` for each half of 16 values. K5 (Q5_0, Q5_1, Q5_K) has Q4's words for the low four
+//! bits and three scale words per block: FP32 `d`, FP32 `m` and the fifth bits (bit `j`
+//! for value `j`), so the code words stay four per block, whole vectors.
 //!
 //! Every format decodes as `d * q + m`: Q4_1 and K4 store `m`, Q4_0 has `m = -8 d` (codes
 //! 0..15 centred on 8), Q8_0 has `m = 0` with signed codes. A product over a block is thus
@@ -39,6 +41,12 @@ pub const Q8_0: u32 = 2;
 pub const K4: u32 = 3;
 /// Format code of K8: a Q6_K or Q3_K group of 32, signed bytes with an FP32 `d` per half.
 pub const K8: u32 = 4;
+/// Format code of K5: a Q5_0 or Q5_1 block or a Q5_K group of 32, 5-bit codes (Q4's
+/// nibbles, the fifth bits in the scale words) with FP32 `d` and `m`.
+pub const K5: u32 = 5;
+
+/// Scale words per block of K5: `d`, `m`, the fifth bits.
+pub const K5_SCALE_WORDS: usize = 3;
 
 /// Whether the codes are signed bytes (Q8_0, K8) rather than nibbles.
 pub const fn byte_codes(format: u32) -> bool {
@@ -124,7 +132,9 @@ pub const VECTOR: usize = 4;
 /// The scale `d` of `block` (K8: of its first half).
 #[cube]
 fn block_d(scales: &Array<u32>, block: usize, #[comptime] format: u32) -> f32 {
-    if comptime!(format == K4 || format == K8) {
+    if comptime!(format == K5) {
+        f32::reinterpret(scales[K5_SCALE_WORDS * block])
+    } else if comptime!(format == K4 || format == K8) {
         f32::reinterpret(scales[2 * block])
     } else if comptime!(format == Q4_1) {
         half_to_f32(scales[block] & 65535)
@@ -137,7 +147,9 @@ fn block_d(scales: &Array<u32>, block: usize, #[comptime] format: u32) -> f32 {
 /// The offset `m` of `block` given its scale `d` (K8: the second half's scale).
 #[cube]
 fn block_m(scales: &Array<u32>, block: usize, d: f32, #[comptime] format: u32) -> f32 {
-    if comptime!(format == K4 || format == K8) {
+    if comptime!(format == K5) {
+        f32::reinterpret(scales[K5_SCALE_WORDS * block + 1])
+    } else if comptime!(format == K4 || format == K8) {
         f32::reinterpret(scales[2 * block + 1])
     } else if comptime!(format == Q4_1) {
         half_to_f32(scales[block] >> 16)
@@ -148,12 +160,32 @@ fn block_m(scales: &Array<u32>, block: usize, d: f32, #[comptime] format: u32) -
     }
 }
 
-/// The code at bit `shift` of `word`: a signed byte (Q8_0, K8) or an unsigned nibble.
+/// The fifth bits of `block` (K5; 0 for the other formats).
 #[cube]
-fn code(word: u32, #[comptime] shift: u32, #[comptime] format: u32) -> f32 {
+fn block_high(scales: &Array<u32>, block: usize, #[comptime] format: u32) -> u32 {
+    if comptime!(format == K5) {
+        scales[K5_SCALE_WORDS * block + 2]
+    } else {
+        u32::new(0)
+    }
+}
+
+/// The code of value `c` at bit `shift` of `word`: a signed byte (Q8_0, K8) or an
+/// unsigned nibble, K5's with its fifth bit from `high`.
+#[cube]
+fn code(
+    word: u32,
+    high: u32,
+    #[comptime] shift: u32,
+    #[comptime] c: usize,
+    #[comptime] format: u32,
+) -> f32 {
     if comptime!(byte_codes(format)) {
         let byte = (word >> shift) & 255;
         f32::cast_from(byte) - 256.0 * f32::cast_from(byte >> 7)
+    } else if comptime!(format == K5) {
+        let low = (word >> shift) & 15;
+        f32::cast_from(low | (((high >> comptime!(c as u32)) & 1) << 4))
     } else {
         f32::cast_from((word >> shift) & 15)
     }
@@ -247,12 +279,14 @@ pub fn quant_matvec<N: Size>(
         while b < blocks {
             let mut d = Array::<f32>::new(rows_per_unit);
             let mut m = Array::<f32>::new(rows_per_unit);
+            let mut high = Array::<u32>::new(rows_per_unit);
             let mut code_words = Array::<u32>::new(comptime!(words * rows_per_unit));
             #[unroll]
             for r in 0..rows_per_unit {
                 let block = w_row[r] + b;
                 d[r] = block_d(scales, block, format);
                 m[r] = block_m(scales, block, d[r], format);
+                high[r] = block_high(scales, block, format);
                 #[unroll]
                 for v in 0..word_vectors {
                     let wv = quants[block * word_vectors + v];
@@ -287,7 +321,9 @@ pub fn quant_matvec<N: Size>(
                         for r in 0..rows_per_unit {
                             let q = code(
                                 code_words[comptime!(r * words + value_word(format, c))],
+                                high[r],
                                 comptime!(value_shift(format, c)),
+                                c,
                                 format,
                             );
                             if comptime!(second_half(format, c)) {
@@ -546,9 +582,11 @@ pub fn quant_matmul(
         let block = w_row * blocks + b;
         let mut d = f32::new(0.0);
         let mut m = f32::new(0.0);
+        let mut high = 0u32;
         if in_range {
             d = block_d(scales, block, format);
             m = block_m(scales, block, d, format);
+            high = block_high(scales, block, format);
         }
         #[unroll]
         for w in 0..words {
@@ -558,8 +596,8 @@ pub fn quant_matmul(
             }
             #[unroll]
             for p in 0..per_word {
-                let q = code(word, comptime!(code_shift(format, p)), format);
                 let c = comptime!(code_value(format, w, p));
+                let q = code(word, high, comptime!(code_shift(format, p)), c, format);
                 ws[c * TILE_ROWS + unit] = dequantized(q, d, m, c, format);
             }
         }
@@ -645,13 +683,14 @@ pub fn quant_rows(
         let block = ids[t] as usize * blocks + b;
         let d = block_d(scales, block, format);
         let m = block_m(scales, block, d, format);
+        let high = block_high(scales, block, format);
         #[unroll]
         for w in 0..words {
             let word = quants[block * words + w];
             #[unroll]
             for p in 0..per_word {
-                let q = code(word, comptime!(code_shift(format, p)), format);
                 let c = comptime!(code_value(format, w, p));
+                let q = code(word, high, comptime!(code_shift(format, p)), c, format);
                 out[t * cols + b * QBLOCK + c] = dequantized(q, d, m, c, format);
             }
         }

@@ -52,7 +52,7 @@ impl<B: QuantOps> QuantMatrix<B> {
     }
 
     /// As [`QuantMatrix::upload`], taking `packed` (dropped once placed). Panics for a type
-    /// only another backend's kernels read (Q5_0 off the CPU).
+    /// without kernels on this backend.
     pub fn from_packed(packed: PackedMatrix, device: &B::Device) -> Self {
         let (ggml_type, rows, cols) = (packed.ggml_type, packed.rows, packed.cols);
         assert!(
@@ -65,9 +65,10 @@ impl<B: QuantOps> QuantMatrix<B> {
                 device: device.clone(),
             }
         } else {
+            let (quants, scales) = packed.device_words();
             QuantStore::Device {
-                quants: words(&packed.quants, device),
-                scales: words(&packed.scales, device),
+                quants: words(&quants, device),
+                scales: words(&scales, device),
             }
         };
         Self {
@@ -123,13 +124,13 @@ impl<B: Backend> QuantMatrix<B> {
             let data = crate::device_counts::read_back(t.clone()).convert::<i32>();
             data.iter::<i32>().map(|w| w as u32).collect()
         };
-        PackedMatrix {
-            ggml_type: self.ggml_type,
-            rows: self.rows,
-            cols: self.cols,
-            quants: host(quants),
-            scales: host(scales),
-        }
+        PackedMatrix::from_device_words(
+            self.ggml_type,
+            self.rows,
+            self.cols,
+            host(quants),
+            host(scales),
+        )
     }
 
     /// Bytes the words take (on a device with 32-bit integers, or in host memory).

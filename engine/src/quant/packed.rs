@@ -8,7 +8,8 @@ use half::f16;
 
 use crate::gguf::GgmlType;
 use fornax_shaders::quant_matmul::{
-    code_shift, code_value, codes_per_word, quant_words, K4, K8, Q4_0, Q4_1, Q8_0, QBLOCK,
+    code_shift, code_value, codes_per_word, quant_words, K4, K5, K5_SCALE_WORDS, K8, Q4_0, Q4_1,
+    Q8_0, QBLOCK,
 };
 
 /// A `[rows, cols]` block-quantized matrix in the kernels' layout, on the host.
@@ -34,6 +35,7 @@ pub fn format_code(ty: GgmlType) -> Option<u32> {
         GgmlType::Q8_0 => Some(Q8_0),
         GgmlType::Q4_K => Some(K4),
         GgmlType::Q6_K | GgmlType::Q3_K => Some(K8),
+        GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => Some(K5),
         _ => None,
     }
 }
@@ -56,8 +58,7 @@ pub fn cpu_format(ty: GgmlType) -> Option<fornax_cpu::QuantFormat> {
 }
 
 /// Whether some backend's kernels read `ty`: the CPU kernels' types ([`cpu_format`]),
-/// of which the CubeCL kernels read Q4_0, Q4_1, Q8_0, Q4_K, Q6_K and Q3_K
-/// ([`format_code`]).
+/// all of which the CubeCL kernels read too ([`format_code`]).
 pub fn packable(ty: GgmlType) -> bool {
     cpu_format(ty).is_some()
 }
@@ -139,7 +140,80 @@ impl PackedMatrix {
     /// wider than the file's super-blocks); `None` for a type without kernels.
     pub fn row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
         let f = cpu_format(ty)?;
-        Some(cols / QBLOCK * (f.code_bytes() + 2 * f.scale_halves()))
+        let host = f.code_bytes() + 2 * f.scale_halves();
+        // K5 on the device: four code words and three scale words a block.
+        let device = match format_code(ty) {
+            Some(K5) => 4 * (4 + K5_SCALE_WORDS),
+            _ => 0,
+        };
+        Some(cols / QBLOCK * host.max(device))
+    }
+
+    /// The code and scale words as the CubeCL kernels read them: the same words, but K5's
+    /// (Q5_0, Q5_1, Q5_K) as Q4's four code words a block and three scale words (FP32 `d`
+    /// and `m`, the fifth bits), so code words stay whole vectors of four.
+    pub fn device_words(&self) -> (Vec<u32>, Vec<u32>) {
+        if format_code(self.ggml_type) != Some(K5) {
+            return (self.quants.clone(), self.scales.clone());
+        }
+        let blocks = self.rows * self.cols / QBLOCK;
+        let mut quants = Vec::with_capacity(4 * blocks);
+        let mut scales = Vec::with_capacity(K5_SCALE_WORDS * blocks);
+        for (b, words) in self.quants.chunks_exact(5).enumerate() {
+            let (d, m) = self.k5_scales(b);
+            quants.extend_from_slice(&words[1..]);
+            scales.extend([d.to_bits(), m.to_bits(), words[0]]);
+        }
+        (quants, scales)
+    }
+
+    /// Block `b`'s `d` and `m` (K5's types): Q5_0's half `d` with `m = -16 d` (exact in
+    /// FP32), else the two FP32 words.
+    fn k5_scales(&self, b: usize) -> (f32, f32) {
+        if self.ggml_type == GgmlType::Q5_0 {
+            let halves: &[u16] = cast_slice(&self.scales);
+            let d = f16::from_bits(halves[b]).to_f32();
+            return (d, -16.0 * d);
+        }
+        let w = &self.scales[2 * b..2 * b + 2];
+        (f32::from_bits(w[0]), f32::from_bits(w[1]))
+    }
+
+    /// The matrix from [`Self::device_words`] (read back from a device).
+    pub fn from_device_words(
+        ggml_type: GgmlType,
+        rows: usize,
+        cols: usize,
+        quants: Vec<u32>,
+        scales: Vec<u32>,
+    ) -> Self {
+        if format_code(ggml_type) != Some(K5) {
+            return Self {
+                ggml_type,
+                rows,
+                cols,
+                quants,
+                scales,
+            };
+        }
+        let mut codes = Vec::with_capacity(5 * quants.len());
+        let mut halves: Vec<u16> = Vec::new();
+        for (words, s) in quants
+            .chunks_exact(4)
+            .zip(scales.chunks_exact(K5_SCALE_WORDS))
+        {
+            codes.extend(s[2].to_le_bytes());
+            codes.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+            match ggml_type {
+                GgmlType::Q5_0 => halves.push(f16::from_f32(f32::from_bits(s[0])).to_bits()),
+                _ => halves.extend(
+                    [s[0], s[1]]
+                        .iter()
+                        .flat_map(|&v| [v as u16, (v >> 16) as u16]),
+                ),
+            }
+        }
+        Self::from_blocks(ggml_type, rows, cols, &codes, &halves)
     }
 
     /// The matrix from its blocks' codes (in the file's order) and scale halves (Q4_1:

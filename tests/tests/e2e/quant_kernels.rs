@@ -22,12 +22,15 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 
 type B = WgpuBackend;
 
-const FORMATS: [GgmlType; 5] = [
+const FORMATS: [GgmlType; 8] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
     GgmlType::Q6_K,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q5_K,
 ];
 
 /// `cols` rounded up to whole blocks of `ty` (256 values for a K-quant).
@@ -37,7 +40,7 @@ fn whole(ty: GgmlType, cols: usize) -> usize {
 
 /// GGUF bytes of a `[rows, cols]` matrix with random scales and codes.
 fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Vec<u8> {
-    if ty.has_groups() {
+    if ty.block_elements() == 256 {
         // K-quants: random bytes, then the super-block halves (`d`, and `dmin`) set.
         let bb = ty.block_bytes() as usize;
         let mut bytes: Vec<u8> = (0..rows * cols / 256 * bb).map(|_| rng.random()).collect();
@@ -58,10 +61,15 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Ve
     for _ in 0..rows * cols / 32 {
         let d = f16::from_f32(rng.random_range(0.002f32..0.05));
         bytes.extend(d.to_le_bytes());
-        if ty == GgmlType::Q4_1 {
+        if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
             bytes.extend(f16::from_f32(rng.random_range(-0.4f32..0.1)).to_le_bytes());
         }
-        let codes = if ty == GgmlType::Q8_0 { 32 } else { 16 };
+        let codes = match ty {
+            GgmlType::Q8_0 => 32,
+            // The fifth bits, then the nibbles.
+            GgmlType::Q5_0 | GgmlType::Q5_1 => 20,
+            _ => 16,
+        };
         bytes.extend((0..codes).map(|_| rng.random::<u8>()));
     }
     assert_eq!(
@@ -332,6 +340,26 @@ fn row_gather_matches_the_dequantized_rows() {
                 );
             }
         }
+    }
+}
+
+/// The Q5 types go to the device as K5 (four code words and three scale words a block)
+/// and come back as the host packed them.
+#[test]
+fn five_bit_words_come_back_from_the_device_as_packed() {
+    let _shared = crate::common::wgpu_shared();
+    let device = wgpu_device().unwrap().0;
+    let mut rng = StdRng::seed_from_u64(50);
+    for ty in [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q5_K] {
+        // Three rows of Q5_0 blocks: an odd block count, so a padding half.
+        let (rows, cols) = (3, whole(ty, 32));
+        let bytes = random_blocks(ty, rows, cols, &mut rng);
+        let packed = PackedMatrix::pack(ty, &bytes, rows, cols).unwrap();
+        let w = QuantMatrix::<B>::upload(&packed, &device);
+        let (quants, scales) = w.device_words().expect("on the device");
+        assert_eq!(quants.dims()[0], rows * cols / 32 * 4, "{ty:?}");
+        assert_eq!(scales.dims()[0], rows * cols / 32 * 3, "{ty:?}");
+        assert_eq!(w.download(), packed, "{ty:?}");
     }
 }
 
