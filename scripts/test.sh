@@ -81,6 +81,7 @@ finish() {
 }
 
 phase "format" cargo fmt --all -- --check
+phase "no import cycle between files" python3 scripts/check-cycles.py
 
 # The wasm32 build has its own target folder and compiler, so it runs beside the native one.
 background web-demo-build scripts/web-demo.sh build

@@ -51,28 +51,6 @@ impl SimdLevel {
         LEVELS.get_or_init(Self::available).contains(&self)
     }
 
-    /// The fastest level on this CPU, measured once: a newer instruction set is not
-    /// always the faster one (on the Xeon we develop on, 256-bit `vpdpbusd` measured
-    /// 2.0 ns per block and token in a four-token tile where AVX2 took 1.6).
-    pub fn best() -> Self {
-        static BEST: std::sync::OnceLock<SimdLevel> = std::sync::OnceLock::new();
-        *BEST.get_or_init(|| {
-            let levels = Self::available();
-            if levels.len() <= 2 {
-                return *levels.last().expect("portable is always there");
-            }
-            // Every SIMD level on a small product (cache-resident, one thread), best of
-            // five: about a millisecond in all.
-            levels[1..]
-                .iter()
-                .copied()
-                .min_by(|a, b| {
-                    crate::matmul::time_level(*a).total_cmp(&crate::matmul::time_level(*b))
-                })
-                .expect("levels to compare")
-        })
-    }
-
     /// Its name as users see it.
     pub fn name(self) -> &'static str {
         match self {

@@ -7,6 +7,7 @@
 //! the client; nothing in the engine's step loop waits on Redis.
 
 pub mod format;
+pub mod metrics;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,8 +20,6 @@ use fornax_engine::kv::{BlockValues, KvDims, BLOCK_TOKENS};
 use sha2::{Digest, Sha256};
 
 pub use format::Fingerprint;
-
-use crate::server::telemetry::record_remote;
 
 /// Blocks waiting to be written; more are dropped (and counted) rather than waited for.
 const WRITE_QUEUE: usize = 64;
@@ -175,7 +174,7 @@ impl RemoteTier {
                     let found = match weak.upgrade() {
                         Some(tier) => {
                             let found = tier.lookup(&job.prompt, job.first);
-                            record_remote(&tier.stats);
+                            metrics::record(&tier.stats);
                             found
                         }
                         None => Vec::new(),
@@ -302,7 +301,7 @@ fn write_through(
             }
             None => RemoteStats::add(&stats.errors, 1),
         }
-        record_remote(stats);
+        metrics::record(stats);
     }
 }
 

@@ -2,7 +2,6 @@
 
 use std::io::IsTerminal;
 
-use crate::kv_remote::RemoteStats;
 use anyhow::{Context, Result};
 use fornax_engine::{Engine, EngineBackend};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -67,21 +66,6 @@ pub const HOST_DROPPED: &str = "fornax_kv_host_dropped_blocks_total";
 pub const HOST_BYTES: &str = "fornax_kv_host_bytes";
 /// Tokens preempted requests computed again.
 pub const RECOMPUTED: &str = "fornax_preemption_recomputed_tokens_total";
-/// Requests looked up in the shared KV tier.
-pub const REMOTE_LOOKUPS: &str = "fornax_kv_remote_lookups_total";
-/// Blocks found and verified in the shared KV tier.
-pub const REMOTE_HITS: &str = "fornax_kv_remote_hit_blocks_total";
-/// Lookups that found no block.
-pub const REMOTE_MISSES: &str = "fornax_kv_remote_misses_total";
-/// Values in the shared tier that did not verify (another model, other tokens, truncated).
-pub const REMOTE_REJECTED: &str = "fornax_kv_remote_rejected_total";
-/// Failed or timed-out calls to the shared tier, and writes dropped.
-pub const REMOTE_ERRORS: &str = "fornax_kv_remote_errors_total";
-/// Blocks written to the shared tier.
-pub const REMOTE_WRITTEN: &str = "fornax_kv_remote_written_blocks_total";
-/// Bytes read from and written to the shared tier.
-pub const REMOTE_BYTES_READ: &str = "fornax_kv_remote_read_bytes_total";
-pub const REMOTE_BYTES_WRITTEN: &str = "fornax_kv_remote_written_bytes_total";
 /// Indexed prefix blocks that aged into FP16 and left the index.
 pub const PREFIX_AGED_OUT: &str = "fornax_prefix_aged_out_total";
 /// Requests refused for want of a valid API key, by reason (missing, malformed, unknown).
@@ -183,23 +167,7 @@ pub fn install_metrics() -> Result<PrometheusHandle> {
     );
     describe_gauge!(HOST_BYTES, "Bytes of KV blocks held in host memory");
     describe_counter!(RECOMPUTED, "Tokens preempted requests computed again");
-    describe_counter!(REMOTE_LOOKUPS, "Requests looked up in the shared KV tier");
-    describe_counter!(
-        REMOTE_HITS,
-        "KV blocks found and verified in the shared tier"
-    );
-    describe_counter!(REMOTE_MISSES, "Shared-tier lookups that found no block");
-    describe_counter!(
-        REMOTE_REJECTED,
-        "Shared-tier values that did not verify (never used)"
-    );
-    describe_counter!(
-        REMOTE_ERRORS,
-        "Failed or timed-out shared-tier calls and dropped writes"
-    );
-    describe_counter!(REMOTE_WRITTEN, "KV blocks written to the shared tier");
-    describe_counter!(REMOTE_BYTES_READ, "Bytes read from the shared KV tier");
-    describe_counter!(REMOTE_BYTES_WRITTEN, "Bytes written to the shared KV tier");
+    crate::kv_remote::metrics::describe();
     describe_gauge!(KV_SHARED, "KV blocks read by more than one sequence");
     describe_gauge!(KV_CACHED, "Cached KV blocks no sequence uses (evictable)");
     describe_counter!(
@@ -222,19 +190,6 @@ pub fn install_metrics() -> Result<PrometheusHandle> {
     describe_counter!(KEY_TOKENS, "Prompt plus generated tokens, by key name");
     describe_counter!(KEY_REFUSALS, "Requests refused by a key's limits");
     Ok(handle)
-}
-
-/// Publishes the shared KV tier's figures.
-pub fn record_remote(stats: &RemoteStats) {
-    let get = RemoteStats::get;
-    counter!(REMOTE_LOOKUPS).absolute(get(&stats.lookups));
-    counter!(REMOTE_HITS).absolute(get(&stats.hit_blocks));
-    counter!(REMOTE_MISSES).absolute(get(&stats.misses));
-    counter!(REMOTE_REJECTED).absolute(get(&stats.rejected));
-    counter!(REMOTE_ERRORS).absolute(get(&stats.errors));
-    counter!(REMOTE_WRITTEN).absolute(get(&stats.written_blocks));
-    counter!(REMOTE_BYTES_READ).absolute(get(&stats.bytes_read));
-    counter!(REMOTE_BYTES_WRITTEN).absolute(get(&stats.bytes_written));
 }
 
 /// Publishes the engine's figures; `stepped` after a step (records the batch size).
