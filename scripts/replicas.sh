@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # N `fornax serve` replicas on loopback ports sharing their KV prefix blocks through one
 # redis-server (Debian's package, installed when missing, bound to 127.0.0.1). Put them
-# behind a proxy (README, "Replicas"). Stops everything on Ctrl-C.
+# behind a proxy (docs/operations.md, "Replicas"). Stops everything on Ctrl-C.
 #
 # usage: scripts/replicas.sh N [fornax serve flags...]
 #   env: BASE_PORT=8081 (replica i listens on BASE_PORT + i - 1), REDIS_PORT=6379,
