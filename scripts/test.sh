@@ -88,6 +88,7 @@ background web-demo-build scripts/web-demo.sh build
 
 phase "build fornax (release) and fetch the default model" cargo run --release -q -p fornax -- fetch
 phase "fetch Gemma 3 270M (its exactness tests)" cargo run --release -q -p fornax -- fetch gemma3-270m
+phase "the README's and docs' commands parse" python3 scripts/check-readme.py target/release/fornax
 
 install_openai() {
     # Installed into the cache with --target, so no virtual environment is needed.
