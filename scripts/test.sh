@@ -116,6 +116,16 @@ for line in sys.stdin:
 }
 phase "build the tests" build_tests
 
+# The library example (`cli/examples/library.rs`, built with the tests) answers with the
+# default model: greedy, so the answer is known.
+library_example() {
+    local answer
+    answer=$(target/release/examples/library smollm2-135m "What is the capital of France?")
+    echo "library example: $answer"
+    grep -q "Paris" <<<"$answer"
+}
+phase "the library example answers" library_example
+
 # Lints check-build everything again (with the CUDA backend), beside the tests. They share
 # the release build's folder, which already holds the build scripts and procedural macros
 # they need (a separate folder compiled them again: 368 against 248 CPU-s); cargo's lock on the
