@@ -41,7 +41,7 @@ toolchain() {
         # skips a crate it has recorded as installed even when the binary is gone. Only the
         # wasm-bindgen binary, without TLS (its test runner's downloads need it; ring is
         # heavy), unoptimised: 161 CPU-s to compile instead of 458, and it still processes
-        # the module in 9 s (DEVELOPERS.md, "What keeps a cold run short").
+        # the module in 9 s (docs/ci.md, "What keeps a cold run short").
         CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 \
             CARGO_PROFILE_RELEASE_LTO=false \
             cargo install -q --force wasm-bindgen-cli --version "$WASM_BINDGEN_VERSION" \
