@@ -236,36 +236,16 @@ impl<B: Backend> PagedKv<B> {
     /// Reserves room for `new` tokens of each `(sequence, new)` (all or nothing) and
     /// describes the batch for the forward pass.
     pub fn prepare(&mut self, parts: &[(SeqId, usize)]) -> Result<PagedBatch<B>, KvError> {
-        let mut needed = 0;
         let capacity = self.pool.capacity().total() * BLOCK_TOKENS;
         for &(seq, new) in parts {
             let tokens = self.pool.stored(seq)? + new;
             if tokens > capacity {
                 return Err(KvError::NeverFits { tokens, capacity });
             }
-            needed += self.pool.blocks_needed(seq, new)?;
         }
-        let free = self.pool.free_blocks(Tier::F32);
-        if needed > free {
-            return Err(KvError::OutOfBlocks {
-                tier: Tier::F32,
-                needed,
-                free,
-            });
-        }
+        check_room(&self.pool, parts)?;
         if let Some(s) = &self.sliding {
-            let mut needed = 0;
-            for &(seq, new) in parts {
-                needed += s.pool.blocks_needed(seq, new)?;
-            }
-            let free = s.pool.free_blocks(Tier::F32);
-            if needed > free {
-                return Err(KvError::OutOfBlocks {
-                    tier: Tier::F32,
-                    needed,
-                    free,
-                });
-            }
+            check_room(&s.pool, parts)?;
         }
         let (seqs, rows) = describe(&mut self.pool, parts)?;
         // Blocks leaving the device are read for the host first, then slots taken from
@@ -428,6 +408,23 @@ impl<B: Backend> PagedKv<B> {
         self.apply_moves(&moves);
         Ok(())
     }
+}
+
+/// Whether `pool` has the free FP32 blocks every `(sequence, new)` needs together.
+fn check_room(pool: &BlockPool, parts: &[(SeqId, usize)]) -> Result<(), KvError> {
+    let mut needed = 0;
+    for &(seq, new) in parts {
+        needed += pool.blocks_needed(seq, new)?;
+    }
+    let free = pool.free_blocks(Tier::F32);
+    if needed > free {
+        return Err(KvError::OutOfBlocks {
+            tier: Tier::F32,
+            needed,
+            free,
+        });
+    }
+    Ok(())
 }
 
 /// Reserves room in `pool` for each `(sequence, new)` and describes them for a batch:

@@ -96,6 +96,14 @@ impl KvDims {
     }
 }
 
+/// Sliding-pool blocks for `max_seqs` sequences that each keep their window and together
+/// write `chunk` new tokens a step (0 without windowed layers in `dims`).
+fn sliding_blocks(dims: KvDims, max_seqs: usize, chunk: usize) -> usize {
+    dims.windowed().map_or(0, |(_, s)| {
+        max_seqs * (s.kept_blocks() + 1) + chunk.div_ceil(BLOCK_TOKENS)
+    })
+}
+
 /// Slots per tier of a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvCapacity {
@@ -120,10 +128,10 @@ impl KvCapacity {
     /// window and together write `chunk` new tokens a step (nothing without windowed
     /// layers in `dims`).
     pub fn with_sliding(self, dims: KvDims, max_seqs: usize, chunk: usize) -> Self {
-        let sliding = dims.windowed().map_or(0, |(_, s)| {
-            max_seqs * (s.kept_blocks() + 1) + chunk.div_ceil(BLOCK_TOKENS)
-        });
-        Self { sliding, ..self }
+        Self {
+            sliding: sliding_blocks(dims, max_seqs, chunk),
+            ..self
+        }
     }
 
     /// Splits `bytes` between the tiers for `policy` so that `max_seqs` sequences can
@@ -139,9 +147,7 @@ impl KvCapacity {
         chunk: usize,
     ) -> Self {
         // The sliding pool first, at most the share its layers would take without it.
-        let sliding = Self::tiers([0; 3])
-            .with_sliding(dims, max_seqs, chunk)
-            .sliding;
+        let sliding = sliding_blocks(dims, max_seqs, chunk);
         let share = bytes / dims.n_layers.max(1) * dims.members(true).len();
         let sliding = sliding.min(share / dims.sliding_block_bytes().max(1));
         let bytes = bytes - sliding * dims.sliding_block_bytes();

@@ -3,6 +3,8 @@
 //! The layout is described in `fornax_shaders::quant_matmul`; it takes the same bytes as
 //! the file's blocks, give or take one padding half.
 
+use std::borrow::Cow;
+
 use bytemuck::cast_slice;
 use half::f16;
 
@@ -25,6 +27,12 @@ pub struct PackedMatrix {
     pub quants: Vec<u32>,
     /// Scale words: IEEE halves, or (the K-quants' groups) FP32 values as two words.
     pub scales: Vec<u32>,
+}
+
+/// A 32-bit word (an FP32 scale's bits) as two 16-bit words, low first: how the groups of
+/// 32 keep their FP32 scales among the scale halves.
+fn word_halves(w: u32) -> [u16; 2] {
+    [w as u16, (w >> 16) as u16]
 }
 
 /// The kernels' format code of a GGUF type, `None` for types they do not read.
@@ -129,7 +137,7 @@ impl PackedMatrix {
                     }
                 }
                 for v in scales {
-                    words.extend([v.to_bits() as u16, (v.to_bits() >> 16) as u16]);
+                    words.extend(word_halves(v.to_bits()));
                 }
             });
         }
@@ -152,9 +160,9 @@ impl PackedMatrix {
     /// The code and scale words as the CubeCL kernels read them: the same words, but K5's
     /// (Q5_0, Q5_1, Q5_K) as Q4's four code words a block and three scale words (FP32 `d`
     /// and `m`, the fifth bits), so code words stay whole vectors of four.
-    pub fn device_words(&self) -> (Vec<u32>, Vec<u32>) {
+    pub fn device_words(&self) -> (Cow<'_, [u32]>, Cow<'_, [u32]>) {
         if format_code(self.ggml_type) != Some(K5) {
-            return (self.quants.clone(), self.scales.clone());
+            return (Cow::Borrowed(&self.quants), Cow::Borrowed(&self.scales));
         }
         let blocks = self.rows * self.cols / QBLOCK;
         let mut quants = Vec::with_capacity(4 * blocks);
@@ -164,7 +172,7 @@ impl PackedMatrix {
             quants.extend_from_slice(&words[1..]);
             scales.extend([d.to_bits(), m.to_bits(), words[0]]);
         }
-        (quants, scales)
+        (Cow::Owned(quants), Cow::Owned(scales))
     }
 
     /// Block `b`'s `d` and `m` (K5's types): Q5_0's half `d` with `m = -16 d` (exact in
@@ -206,11 +214,7 @@ impl PackedMatrix {
             codes.extend(words.iter().flat_map(|w| w.to_le_bytes()));
             match ggml_type {
                 GgmlType::Q5_0 => halves.push(f16::from_f32(f32::from_bits(s[0])).to_bits()),
-                _ => halves.extend(
-                    [s[0], s[1]]
-                        .iter()
-                        .flat_map(|&v| [v as u16, (v >> 16) as u16]),
-                ),
+                _ => halves.extend([s[0], s[1]].into_iter().flat_map(word_halves)),
             }
         }
         Self::from_blocks(ggml_type, rows, cols, &codes, &halves)
