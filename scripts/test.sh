@@ -116,13 +116,14 @@ for line in sys.stdin:
 }
 phase "build the tests" build_tests
 
-# The library example (`cli/examples/library.rs`, built with the tests) answers with the
-# default model: greedy, so the answer is known.
+# The library example (`engine/examples/library.rs`, built with the tests) answers with the
+# default model, once streamed and twice from its batch engine: greedy, so the answers are known.
 library_example() {
     local answer
     answer=$(target/release/examples/library smollm2-135m "What is the capital of France?")
     echo "library example: $answer"
     grep -q "Paris" <<<"$answer"
+    grep -q "capital of Japan? The capital of Japan is Tokyo" <<<"$answer"
 }
 phase "the library example answers" library_example
 
@@ -147,4 +148,7 @@ finish web-demo-build
 phase "web demo: the same greedy tokens in headless Chromium" scripts/web-demo.sh test
 
 finish clippy
+# The API docs build without a warning (broken or ambiguous links), from the lints' metadata.
+phase "cargo doc without warnings" env RUSTDOCFLAGS="-D warnings" \
+    cargo doc --release --no-deps --workspace --exclude fornax-web
 step "done"

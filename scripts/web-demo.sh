@@ -3,7 +3,7 @@
 # (builds std for wasm32), wasm-bindgen-cli, Chromium and playwright-core.
 #
 #   scripts/web-demo.sh build   # wasm + JS glue + page into target/web-demo/site
-#   scripts/web-demo.sh serve   # build, then serve it with the default model on http://127.0.0.1:8080
+#   scripts/web-demo.sh serve   # build, then serve it with the picker's models on http://127.0.0.1:8080
 #   scripts/web-demo.sh test    # build, then the end-to-end test in headless Chromium
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -71,11 +71,14 @@ build() {
     echo "web-demo: $SITE ($(du -h "$SITE/pkg/fornax_web_bg.wasm" | cut -f1) of wasm)" >&2
 }
 
-# The site with the default model beside it, so the page can load it by URL.
+# The site with the picker's models beside it (fetched into the cache once), so the page
+# can load them by URL.
 with_model() {
     cargo run --release -q -p fornax -- fetch
+    cargo run --release -q -p fornax -- fetch gemma3-270m
     mkdir -p "$SITE/models"
     ln -sf "$FORNAX_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf" "$SITE/models/"
+    ln -sf "$FORNAX_HOME/models/gemma-3-270m-q4_k_m.gguf" "$SITE/models/"
 }
 
 browser() {
@@ -103,12 +106,16 @@ test)
     prompt="The capital of France is"
     native=$(cargo run --release -q -p fornax -- generate "$prompt" --max-tokens 8 --json --backend wgpu)
     echo "native: $native" >&2
+    gemma=$(cargo run --release -q -p fornax -- generate "$prompt" --model gemma3-270m --max-tokens 1 --json --backend wgpu)
+    echo "native Gemma 3: $gemma" >&2
+    ids() { python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["generated_ids"]))'; }
     step "headless Chromium"
     out="${FORNAX_TEST_OUT:-target/test-output/web-demo}"
     mkdir -p "$out"
     NODE_PATH="$NODE_DIR/node_modules" node web-demo/tests/e2e.mjs \
         --site "$SITE" --model models/SmolLM2-135M-Instruct.Q4_1.gguf --prompt "$prompt" \
-        --expect "$(echo "$native" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["generated_ids"]))')" \
+        --expect "$(ids <<<"$native")" \
+        --picked models/gemma-3-270m-q4_k_m.gguf --picked-expect "$(ids <<<"$gemma")" \
         --out "$out"
     ;;
 *)

@@ -22,7 +22,7 @@ enum Command {
     /// Print token ids of TEXT as a JSON array (or decode ids with --decode).
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Print the model, the backend and the adapter.
-    Info(commands::ModelArgs),
+    Info(fornax_options::ModelArgs),
     /// Perplexity of a text file under the model.
     Perplexity(commands::perplexity::PerplexityArgs),
     /// Fetch a model by alias (default: the default model) into the cache if missing, and
@@ -38,7 +38,7 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// Benchmarks (not tests): print measured figures.
     #[command(subcommand)]
-    Bench(commands::bench::BenchCommand),
+    Bench(fornax_bench::BenchCommand),
 }
 
 /// Mesa's Vulkan driver prints "XDG_RUNTIME_DIR is invalid or not set" (twice) when the
@@ -68,7 +68,9 @@ fn main() {
     ensure_runtime_dir();
     let cli = Cli::parse();
     // Before any backend starts: CUDA's compiled kernels are kept for later runs.
-    fornax::kernel_cache::keep_compiled_kernels(&fornax::model_store::home().join("kernels"));
+    fornax_backends::kernel_cache::keep_compiled_kernels(
+        &fornax_engine::store::home().join("kernels"),
+    );
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
@@ -77,7 +79,7 @@ fn main() {
         Command::Fetch { alias } => commands::fetch(alias),
         Command::Models => commands::models::run(),
         Command::Serve(a) => commands::serve::run(a),
-        Command::Bench(b) => commands::bench::run(b),
+        Command::Bench(b) => fornax_bench::run(b),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

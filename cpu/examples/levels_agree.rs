@@ -28,15 +28,7 @@ fn main() {
     println!("levels: {}", names.join(", "));
     let mut rng = Lcg(7);
     let mut checked = 0;
-    for format in [
-        QuantFormat::Q4_0,
-        QuantFormat::Q4_1,
-        QuantFormat::Q8_0,
-        QuantFormat::Q5_0,
-        QuantFormat::K4,
-        QuantFormat::K5,
-        QuantFormat::K8,
-    ] {
+    for format in QuantFormat::ALL {
         for (rows, cols, tokens) in [(1, 32, 1), (37, 96, 3), (70, 160, 9), (64, 1536, 6)] {
             let blocks = rows * cols / 32;
             let codes: Vec<u8> = (0..blocks * format.code_bytes())

@@ -4,7 +4,8 @@ use crate::format::QBLOCK;
 
 /// `[tokens, cols]` FP32 activations as signed bytes with one scale per block:
 /// `x ≈ d * q`, `d = max|x| / 127`. `s = d * sum(q)` per block serves the weights' offset
-/// term (`m * sum(x)`).
+/// term (`m * sum(x)`), and `h`, the same for each half of 16 values (two per block),
+/// K2's offset per half.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Q8Activations {
     pub(crate) tokens: usize,
@@ -12,7 +13,12 @@ pub struct Q8Activations {
     pub(crate) q: Vec<i8>,
     pub(crate) d: Vec<f32>,
     pub(crate) s: Vec<f32>,
+    pub(crate) h: Vec<f32>,
 }
+
+/// One token's quantized activations as a kernel reads them: codes, then per block the
+/// scale and sum, and per half block the sum.
+pub(crate) type TokenActs<'a> = (&'a [i8], &'a [f32], &'a [f32], &'a [f32]);
 
 impl Q8Activations {
     /// Quantizes `x` (`tokens * cols` values, `cols` a multiple of 32). Codes are rounded
@@ -47,7 +53,17 @@ impl Q8Activations {
             q: vec![0i8; tokens * cols],
             d: vec![0.0f32; blocks],
             s: vec![0.0f32; blocks],
+            h: vec![0.0f32; 2 * blocks],
         }
+    }
+
+    /// Block `b`'s scale, and its sums from the integer sums of its halves.
+    #[inline(always)]
+    fn set_sums(&mut self, b: usize, scale: f32, halves: [i32; 2]) {
+        self.d[b] = scale;
+        self.s[b] = scale * (halves[0] + halves[1]) as f32;
+        self.h[2 * b] = scale * halves[0] as f32;
+        self.h[2 * b + 1] = scale * halves[1] as f32;
     }
 
     /// Tokens (rows).
@@ -64,13 +80,27 @@ impl Q8Activations {
             .collect()
     }
 
-    /// Token `t`'s codes, block scales and block sums.
-    pub(crate) fn token(&self, t: usize) -> (&[i8], &[f32], &[f32]) {
+    /// Tokens `t0..t0 + N` as [`Self::token`] gives them, for a kernel's token tile
+    /// (inlined, with no closure: called for every group and tile, it took 2% of a
+    /// prefill when it was a call).
+    #[inline(always)]
+    pub(crate) fn tile<const N: usize>(&self, t0: usize) -> [TokenActs<'_>; N] {
+        let mut tile = [self.token(t0); N];
+        for (j, t) in tile.iter_mut().enumerate().skip(1) {
+            *t = self.token(t0 + j);
+        }
+        tile
+    }
+
+    /// Token `t`'s codes, block scales, block sums and half-block sums.
+    #[inline(always)]
+    pub(crate) fn token(&self, t: usize) -> TokenActs<'_> {
         let nb = self.cols / QBLOCK;
         (
             &self.q[t * self.cols..(t + 1) * self.cols],
             &self.d[t * nb..(t + 1) * nb],
             &self.s[t * nb..(t + 1) * nb],
+            &self.h[2 * t * nb..2 * (t + 1) * nb],
         )
     }
 }
@@ -85,9 +115,10 @@ unsafe fn quantize_avx2(x: &[f32], out: &mut Q8Activations) {
     let sign = _mm256_set1_ps(-0.0);
     // `packs` interleaves its inputs per 128-bit lane; this puts the bytes back in order.
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let mut codes = std::mem::take(&mut out.q);
     for (b, (xs, qs)) in x
         .chunks_exact(QBLOCK)
-        .zip(out.q.chunks_exact_mut(QBLOCK))
+        .zip(codes.chunks_exact_mut(QBLOCK))
         .enumerate()
     {
         // SAFETY: a block is 32 values (four vectors) and 32 codes (one vector).
@@ -103,10 +134,13 @@ unsafe fn quantize_avx2(x: &[f32], out: &mut Q8Activations) {
         let scale = amax / 127.0;
         let inv = _mm256_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
         let q: [__m256i; 4] = std::array::from_fn(|i| _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)));
-        let s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-        let sum = _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)));
+        let half_sum = |a: __m256i, b: __m256i| {
+            let s = _mm256_add_epi32(a, b);
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+            _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
+        };
+        let halves = [half_sum(q[0], q[1]), half_sum(q[2], q[3])];
         let bytes = _mm256_packs_epi16(
             _mm256_packs_epi32(q[0], q[1]),
             _mm256_packs_epi32(q[2], q[3]),
@@ -114,18 +148,19 @@ unsafe fn quantize_avx2(x: &[f32], out: &mut Q8Activations) {
         let bytes = _mm256_permutevar8x32_epi32(bytes, order);
         // SAFETY: as above.
         unsafe { _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, bytes) };
-        out.d[b] = scale;
-        out.s[b] = scale * sum as f32;
+        out.set_sums(b, scale, halves);
     }
+    out.q = codes;
 }
 
 /// Fills `out` (sized for `x`) block by block.
 #[inline(always)]
 fn quantize_blocks(x: &[f32], out: &mut Q8Activations) {
     const LANES: usize = 8;
+    let mut codes = std::mem::take(&mut out.q);
     for (b, (xs, qs)) in x
         .chunks_exact(QBLOCK)
-        .zip(out.q.chunks_exact_mut(QBLOCK))
+        .zip(codes.chunks_exact_mut(QBLOCK))
         .enumerate()
     {
         let mut lanes = [0.0f32; LANES];
@@ -137,13 +172,13 @@ fn quantize_blocks(x: &[f32], out: &mut Q8Activations) {
         let amax = lanes.iter().fold(0.0f32, |a, &m| a.max(m));
         let scale = amax / 127.0;
         let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let mut sum = 0i32;
-        for (q, &v) in qs.iter_mut().zip(xs) {
+        let mut halves = [0i32; 2];
+        for (j, (q, &v)) in qs.iter_mut().zip(xs).enumerate() {
             let r = (v * inv).round_ties_even() as i32;
             *q = r as i8;
-            sum += r;
+            halves[j / 16] += r;
         }
-        out.d[b] = scale;
-        out.s[b] = scale * sum as f32;
+        out.set_sums(b, scale, halves);
     }
+    out.q = codes;
 }

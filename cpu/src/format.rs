@@ -26,12 +26,15 @@ pub enum QuantFormat {
     /// `d_h * q`, signed 8-bit codes with an FP32 scale `d_h` for each half `h` of 16
     /// values: a group of a Q6_K or Q3_K super-block.
     K8,
+    /// `d_h * q + m_h`, 4-bit codes as Q4_1's with an FP32 scale and min for each half `h`
+    /// of 16 values (scales `d_0, d_1, m_0, m_1`): a group of a Q2_K super-block.
+    K2,
 }
 
 impl QuantFormat {
     /// Every format, in declaration order (`ALL[f as usize] == f`): the kernels take a
     /// format as a const index into it, so its tests fold away.
-    pub const ALL: [QuantFormat; 7] = [
+    pub const ALL: [QuantFormat; 8] = [
         Self::Q4_0,
         Self::Q4_1,
         Self::Q8_0,
@@ -39,6 +42,7 @@ impl QuantFormat {
         Self::K4,
         Self::K5,
         Self::K8,
+        Self::K2,
     ];
 
     /// Code bytes per block: 16 nibble pairs, 32 bytes, or (Q5_0) 4 bytes of high bits
@@ -66,7 +70,12 @@ impl QuantFormat {
 
     /// Whether the scales are FP32 (the K formats) rather than IEEE halves.
     pub const fn wide_scales(self) -> bool {
-        matches!(self, Self::K4 | Self::K5 | Self::K8)
+        matches!(self, Self::K4 | Self::K5 | Self::K8 | Self::K2)
+    }
+
+    /// Whether each half of 16 values has its own scale (K8, K2), summed apart.
+    pub(crate) const fn half_scales(self) -> bool {
+        matches!(self, Self::K8 | Self::K2)
     }
 
     /// Whether a block's product has an offset term `m * sum(x)`.
@@ -74,9 +83,11 @@ impl QuantFormat {
         !self.signed_codes()
     }
 
-    /// Scales per block: `d` (and `m` for Q4_1, K4, K5; K8: one `d` per half).
+    /// Scales per block: `d` (and `m` for Q4_1, K4, K5; K8: one `d` per half; K2: a `d`
+    /// and an `m` per half).
     pub const fn scales(self) -> usize {
         match self {
+            Self::K2 => 4,
             Self::Q4_1 | Self::K4 | Self::K5 | Self::K8 => 2,
             _ => 1,
         }
@@ -124,7 +135,7 @@ pub enum WeightsError {
 }
 
 /// A `[rows, cols]` block-quantized matrix, borrowed: the blocks' codes as in the file
-/// (Q4, K4: value `j < 16` in the low nibble of byte `j`, value `j + 16` in its high
+/// (Q4, K4, K2: value `j < 16` in the low nibble of byte `j`, value `j + 16` in its high
 /// nibble; Q8_0, K8: one signed byte per value; Q5_0, K5: `qh` then Q4's nibbles) and their
 /// scales as 16-bit words: IEEE halves (Q4_1: `d, m` per block), or FP32 values as two
 /// words, low first (the K formats). Rows are runs of blocks.
@@ -196,14 +207,17 @@ impl<'a> QuantWeights<'a> {
         &self.scales[r * n..(r + 1) * n]
     }
 
-    /// Block `b` of row `r`'s two scales: `(d, m)`, or K8's `(d_0, d_1)`.
-    fn block_scales(&self, r: usize, b: usize) -> (f32, f32) {
+    /// Block `b` of row `r`'s scale and min for each half: `([d, d], [m, m])`, or K8's
+    /// `([d_0, d_1], [0, 0])`, K2's `([d_0, d_1], [m_0, m_1])`.
+    fn block_scales(&self, r: usize, b: usize) -> ([f32; 2], [f32; 2]) {
         let words = self.row_scales(r);
         let sh = self.format.scale_halves();
         let scale = |i: usize| scale_at(self.format, &words[b * sh..], i);
-        match self.format.scales() {
-            1 => (scale(0), self.format.offset(scale(0))),
-            _ => (scale(0), scale(1)),
+        match self.format {
+            QuantFormat::K2 => ([scale(0), scale(1)], [scale(2), scale(3)]),
+            QuantFormat::K8 => ([scale(0), scale(1)], [0.0; 2]),
+            f if f.scales() == 1 => ([scale(0); 2], [f.offset(scale(0)); 2]),
+            _ => ([scale(0); 2], [scale(1); 2]),
         }
     }
 
@@ -215,10 +229,8 @@ impl<'a> QuantWeights<'a> {
             let block = &codes[b * cb..(b + 1) * cb];
             let (d, m) = self.block_scales(r, b);
             if self.format.signed_codes() {
-                // Q8_0: `m` is 0; K8: `m` is the second half's scale.
-                let second = if self.format == QuantFormat::K8 { m } else { d };
                 for (j, (v, &q)) in values.iter_mut().zip(block).enumerate() {
-                    *v = if j < 16 { d } else { second } * f32::from(q as i8);
+                    *v = d[j / 16] * f32::from(q as i8);
                 }
                 continue;
             }
@@ -226,8 +238,8 @@ impl<'a> QuantWeights<'a> {
             let qh = high_bits(high);
             for (j, &byte) in nibbles.iter().enumerate() {
                 let (lo, hi) = five_bit(byte, qh, j);
-                values[j] = d * f32::from(lo) + m;
-                values[j + 16] = d * f32::from(hi) + m;
+                values[j] = d[0] * f32::from(lo) + m[0];
+                values[j + 16] = d[1] * f32::from(hi) + m[1];
             }
         }
     }

@@ -4,7 +4,8 @@
 //! Rows are taken in groups of [`LANES`] (the last group padded with zero rows). A group
 //! is a run of group-blocks, one per block of 32 columns, each holding:
 //! - the eight rows' `d` as IEEE halves (FP32 for the K formats), then (Q4_1, K4, K5)
-//!   their eight `m` (K8: their eight second-half `d`);
+//!   their eight `m` (K8: their eight second-half `d`; K2: the second-half `d`, then the
+//!   first and the second half's `m`);
 //! - (Q5_0, K5) the eight rows' high-bit words `qh`, row `l`'s at `4l`;
 //! - the eight rows' codes in chunks of 32 bytes: chunk `c` holds 4 bytes of each row,
 //!   row `l`'s bytes `4c..4c + 4` of its block at `32c + 4l`. For Q4 that is values
@@ -186,21 +187,31 @@ impl InterleavedWeights {
     }
 }
 
-/// A group-block's scales in FP32: `d` and `m` per lane (`m` as in `crate::dot`; K8: the
-/// second half's `d`).
+/// A group-block's scales in FP32: `d` and `m` per lane (`m` as in `crate::dot`; K8 and
+/// K2: the second half's `d`).
 pub(crate) fn group_scales(format: QuantFormat, block: &[u8]) -> ([f32; LANES], [f32; LANES]) {
+    let d = group_scale(format, block, 0);
+    let m = match format.scales() {
+        1 => std::array::from_fn(|l| format.offset(d[l])),
+        _ => group_scale(format, block, 1),
+    };
+    (d, m)
+}
+
+/// K2's mins per lane, of the first and the second half (its scales 2 and 3).
+pub(crate) fn group_mins(block: &[u8]) -> ([f32; LANES], [f32; LANES]) {
+    let f = QuantFormat::K2;
+    (group_scale(f, block, 2), group_scale(f, block, 3))
+}
+
+/// Scale `s` of a group-block's eight rows in FP32.
+fn group_scale(format: QuantFormat, block: &[u8], s: usize) -> [f32; LANES] {
     let sb = format.scale_bytes();
-    let scale = |s: usize, l: usize| {
+    std::array::from_fn(|l| {
         let at = (s * LANES + l) * sb;
         match sb {
             4 => f32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]),
             _ => f16::from_bits(u16::from_le_bytes([block[at], block[at + 1]])).to_f32(),
         }
-    };
-    let d: [f32; LANES] = std::array::from_fn(|l| scale(0, l));
-    let m: [f32; LANES] = match format.scales() {
-        2 => std::array::from_fn(|l| scale(1, l)),
-        _ => std::array::from_fn(|l| format.offset(d[l])),
-    };
-    (d, m)
+    })
 }

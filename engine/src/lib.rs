@@ -1,5 +1,15 @@
-//! Fornax engine core: GGUF weights, tokenizer, the Llama model on burn, sampling and
-//! generation. Free of threads and file-system calls so it also builds for wasm32.
+//! Fornax engine core: GGUF weights, tokenizer, the model families on burn, the paged KV
+//! cache, continuous batching, sampling and generation. Without its features it has no
+//! threads or file-system calls, so it also builds for wasm32; `store` (default) adds
+//! models on disk (aliases fetched and checked, files memory-mapped) and `redis` the
+//! shared KV tier on Redis.
+//!
+//! A model by alias or path, a chat reply streamed token by token, then a batch engine
+//! answering two prompts together (`examples/library.rs`, run by the test command):
+//!
+//! ```no_run
+#![doc = include_str!("../examples/library.rs")]
+//! ```
 
 mod backend;
 pub use backend::{CpuBackend, DeviceMemory, DeviceMemoryInfo, EngineBackend};
@@ -22,6 +32,8 @@ pub use generate::{
 pub mod score;
 pub mod seq_cache;
 pub mod spec;
+#[cfg(feature = "store")]
+pub mod store;
 
 mod engine;
 pub use engine::{Engine, Event, Request};

@@ -86,8 +86,7 @@ pub struct AttentionShape {
     pub head_dim: usize,
     /// Columns of the block-table tensor (entries per sequence).
     pub max_blocks: usize,
-    /// Keys a query sees, itself included (`None`: every earlier key). The kernels here
-    /// attend over every key; windowed attention takes the engine's reference path.
+    /// Keys a query sees, itself included (`None`: every earlier key).
     pub window: Option<usize>,
 }
 
@@ -98,6 +97,11 @@ impl AttentionShape {
 
     fn scale(&self) -> f32 {
         (self.head_dim as f32).powf(-0.5)
+    }
+
+    /// The kernels' `window` argument: 0 for none.
+    fn window_arg(&self) -> u32 {
+        self.window.map_or(0, |w| w as u32)
     }
 }
 
@@ -114,9 +118,9 @@ pub(crate) fn output_like<R: CubeRuntime>(q: &CubeTensor<R>) -> CubeTensor<R> {
 /// Which decode attention kernel a launch runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodeKernel {
-    /// [`paged_decode`]: 32 units share each tile of keys through workgroup memory (GPUs).
+    /// [`paged_decode()`]: 32 units share each tile of keys through workgroup memory (GPUs).
     Tiles,
-    /// [`paged_decode_unit_keys`]: 8 units each take every 8th key, in registers (devices
+    /// [`paged_decode_unit_keys()`]: 8 units each take every 8th key, in registers (devices
     /// that compute on CPU cores).
     UnitKeys,
 }
@@ -138,7 +142,8 @@ impl DecodeKernel {
 }
 
 /// Decode attention for `q` `[rows, n_heads * head_dim]`: row `r` belongs to sequence
-/// `row_seq[r]` and sits at position `row_pos[r]`, attending to keys `0..=row_pos[r]`.
+/// `row_seq[r]` and sits at position `row_pos[r]`, attending to keys `0..=row_pos[r]`
+/// (the last `shape.window` of them where given).
 /// `kernel` chooses the kernel ([`DecodeKernel::for_device`] where `None`).
 #[allow(clippy::too_many_arguments)]
 pub fn decode<R: CubeRuntime>(
@@ -187,6 +192,7 @@ pub fn decode<R: CubeRuntime>(
                     max_blocks,
                     n_kv,
                     scale,
+                    shape.window_arg(),
                     shape.head_dim,
                     shape.group()
                 )
@@ -237,6 +243,7 @@ pub fn prefill<R: CubeRuntime>(
             max_blocks,
             n_kv,
             scale,
+            shape.window_arg(),
             shape.head_dim,
             shape.group()
         )

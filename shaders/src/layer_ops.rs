@@ -3,9 +3,9 @@
 
 use cubecl::prelude::*;
 
-/// Units per cube of [`rms_norm`]: they share a row.
+/// Units per cube of [`rms_norm()`]: they share a row.
 pub const NORM_UNITS: usize = 64;
-/// Units per cube of [`swiglu`].
+/// Units per cube of [`swiglu()`].
 pub const ELEMENT_UNITS: usize = 256;
 
 /// The sum of `value` over the cube's `units` units (a power of two), through `partial`

@@ -347,6 +347,17 @@ impl KvRows for F32Rows {
     }
 }
 
+/// The first key a query sees when it sees keys `0..n_keys`, the last `window` of them
+/// (`window` 0: all of them).
+#[cube]
+fn first_key(n_keys: usize, window: usize) -> usize {
+    let mut first = 0usize;
+    if window > 0 && n_keys > window {
+        first = n_keys - window;
+    }
+    first
+}
+
 /// Decode attention: one query token per row, rows of many sequences in one dispatch.
 ///
 /// Cube `(row, kv_head)`, 32 units. Unit `u` loads token `u` of each tile and scores it
@@ -365,6 +376,7 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
     max_blocks: u32,
     n_kv: u32,
     softmax_scale: f32,
+    window: u32,
     #[comptime] hd: usize,
     #[comptime] group: usize,
 ) {
@@ -375,6 +387,7 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
     let n_heads = n_kv * group;
     let seq = row_seq[row] as usize;
     let n_keys = row_pos[row] as usize + 1;
+    let first = first_key(n_keys, window as usize);
     let per_unit = comptime!(hd.div_ceil(BLOCK_TOKENS));
     // Whether every unit owns exactly `per_unit` dimensions (no bounds check needed).
     let whole = comptime!(hd.is_multiple_of(BLOCK_TOKENS));
@@ -404,12 +417,12 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
     sync_cube();
 
     let n_tiles = n_keys.div_ceil(BLOCK_TOKENS);
-    for t in 0..n_tiles {
+    for t in first / BLOCK_TOKENS..n_tiles {
         let entry = tables[seq * max_blocks as usize + t];
         let tier = entry >> TIER_SHIFT;
         let slot = (entry & SLOT_MASK) as usize;
         let token = t * BLOCK_TOKENS + unit;
-        let valid = token < n_keys;
+        let valid = token >= first && token < n_keys;
         let arena_row = slot * BLOCK_TOKENS + unit;
 
         keys.load_row(
@@ -503,22 +516,22 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
     }
 }
 
-/// Units per cube of [`paged_decode_unit_keys`]: one SIMD vector of lavapipe (AVX2).
+/// Units per cube of [`paged_decode_unit_keys()`]: one SIMD vector of lavapipe (AVX2).
 pub const UNIT_KEYS_UNITS: usize = 8;
 
 /// Decode attention for devices that compute on CPU cores (lavapipe, SwiftShader).
 ///
-/// Cube `(row, kv_head)` as in [`paged_decode`], but with [`UNIT_KEYS_UNITS`] units and
+/// Cube `(row, kv_head)` as in [`paged_decode()`], but with [`UNIT_KEYS_UNITS`] units and
 /// no tile in workgroup memory: unit `u` takes keys `u, u + 8, ..`, reading each K and V
 /// row straight into registers, and keeps its own running softmax and output for the
 /// `group` query heads. The units' partial results are merged at the end, one query head
 /// at a time, through workgroup memory.
 ///
 /// On a CPU every load from a buffer or from workgroup memory is a loop over the SIMD
-/// lanes, while registers cost nothing of the kind: [`paged_decode`] loads each tile value
+/// lanes, while registers cost nothing of the kind: [`paged_decode()`] loads each tile value
 /// into workgroup memory and reads it back once per query head, this kernel loads it
 /// once. On a GPU the registers this needs (queries and outputs of the whole group) would
-/// spill, so GPUs keep [`paged_decode`]. One loop step per key and unit stays far inside
+/// spill, so GPUs keep [`paged_decode()`]. One loop step per key and unit stays far inside
 /// llvmpipe's 65,535.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -533,6 +546,7 @@ pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
     max_blocks: u32,
     n_kv: u32,
     softmax_scale: f32,
+    window: u32,
     #[comptime] hd: usize,
     #[comptime] group: usize,
 ) {
@@ -543,6 +557,7 @@ pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
     let n_heads = n_kv * group;
     let seq = row_seq[row] as usize;
     let n_keys = row_pos[row] as usize + 1;
+    let first = first_key(n_keys, window as usize);
     let q_base = row * n_heads * hd + head * group * hd;
 
     let mut q_reg = Array::<f32>::new(comptime!(group * hd));
@@ -562,7 +577,7 @@ pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
 
     let mut row_reg = Array::<f32>::new(hd);
     let mut probs = Array::<f32>::new(group);
-    let mut key = unit;
+    let mut key = first + unit;
     while key < n_keys {
         let entry = tables[seq * max_blocks as usize + key / BLOCK_TOKENS];
         let tier = entry >> TIER_SHIFT;
@@ -618,7 +633,7 @@ pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
         for u in 0..UNIT_KEYS_UNITS {
             max = f32::max(max, maxes[u]);
         }
-        // Units without keys hold NEG_BIG and weigh nothing; unit 0 always has key 0.
+        // Units without keys hold NEG_BIG and weigh nothing; unit 0 always has the first.
         let mut total = 0.0;
         #[unroll]
         for u in 0..UNIT_KEYS_UNITS {
@@ -659,6 +674,7 @@ pub fn paged_prefill<K: KvRows + LaunchArg>(
     max_blocks: u32,
     n_kv: u32,
     softmax_scale: f32,
+    window: u32,
     #[comptime] hd: usize,
     #[comptime] group: usize,
 ) {
@@ -673,8 +689,11 @@ pub fn paged_prefill<K: KvRows + LaunchArg>(
     let active = unit < rows;
     let first_pos = tiles[qt * 4 + 2] as usize;
     let my_pos = first_pos + unit;
-    // Keys every row of the tile may need: up to the last row's position.
+    // Keys every row of the tile may need: up to the last row's position, from the first
+    // row's first (row `u` sees keys `my_first..=my_pos`).
     let n_keys = first_pos + rows;
+    let window = window as usize;
+    let my_first = first_key(my_pos + 1, window);
     let row = tiles[qt * 4 + 1] as usize + unit;
     let q_base = row * n_heads * hd + q_head * hd;
 
@@ -697,7 +716,8 @@ pub fn paged_prefill<K: KvRows + LaunchArg>(
     let mut running_sum = f32::new(0.0);
 
     let n_tiles = n_keys.div_ceil(BLOCK_TOKENS);
-    for t in 0..n_tiles {
+    let first_tile = first_key(first_pos + 1, window) / BLOCK_TOKENS;
+    for t in first_tile..n_tiles {
         let entry = tables[seq * max_blocks as usize + t];
         let tier = entry >> TIER_SHIFT;
         let slot = (entry & SLOT_MASK) as usize;
@@ -723,7 +743,8 @@ pub fn paged_prefill<K: KvRows + LaunchArg>(
             for i in 0..KEY_CHUNK {
                 let k = c * KEY_CHUNK + i;
                 let mut score = f32::new(NEG_BIG);
-                if t * BLOCK_TOKENS + k <= my_pos {
+                let key = t * BLOCK_TOKENS + k;
+                if key <= my_pos && key >= my_first {
                     score = 0.0;
                     #[unroll]
                     for d in 0..hd {

@@ -27,7 +27,7 @@ pub struct QuantTensors<R: CubeRuntime> {
     pub cols: usize,
 }
 
-/// How [`quant_matvec`] spreads rows over units.
+/// How [`quant_matvec()`] spreads rows over units.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatvecShape {
     /// Units sharing one row's blocks.
@@ -191,7 +191,7 @@ pub fn declare_software_adapter() {
     SOFTWARE_ADAPTER.store(true, Ordering::Relaxed);
 }
 
-/// The token bound [`quant_matvec`] is compiled for at `tokens` tokens: 1, 2, 4 or 8.
+/// The token bound [`quant_matvec()`] is compiled for at `tokens` tokens: 1, 2, 4 or 8.
 fn matvec_bound(tokens: usize) -> usize {
     tokens.max(1).next_power_of_two()
 }

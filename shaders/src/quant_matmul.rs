@@ -14,15 +14,16 @@
 //! K8 (Q6_K, Q3_K) with Q8_0's; both have two FP32 words per block: K4 `d` and `m`, K8 a
 //! `d` for each half of 16 values. K5 (Q5_0, Q5_1, Q5_K) has Q4's words for the low four
 //! bits and three scale words per block: FP32 `d`, FP32 `m` and the fifth bits (bit `j`
-//! for value `j`), so the code words stay four per block, whole vectors.
+//! for value `j`), so the code words stay four per block, whole vectors. K2 (Q2_K) has
+//! Q4's words (codes 0..3) and four FP32 scale words per block: `d` and `m` of each half.
 //!
 //! Every format decodes as `d * q + m`: Q4_1 and K4 store `m`, Q4_0 has `m = -8 d` (codes
 //! 0..15 centred on 8), Q8_0 has `m = 0` with signed codes. A product over a block is thus
 //! `d * sum(q x) + m * sum(x)`, one multiply per value; K8's is `d_0 * sum_0(q x) + d_1 *
-//! sum_1(q x)` over its halves.
+//! sum_1(q x)` over its halves, K2's that plus `m_0 * sum_0(x) + m_1 * sum_1(x)`.
 //!
-//! Kernels: [`quant_matvec`] for a few tokens (decode), [`quant_matmul`] tiled through
-//! workgroup memory for many (prefill), [`quant_rows`] to gather rows (embedding lookup).
+//! Kernels: [`quant_matvec()`] for a few tokens (decode), [`quant_matmul()`] tiled through
+//! workgroup memory for many (prefill), [`quant_rows()`] to gather rows (embedding lookup).
 
 use cubecl::prelude::*;
 
@@ -47,6 +48,11 @@ pub const K5: u32 = 5;
 
 /// Scale words per block of K5: `d`, `m`, the fifth bits.
 pub const K5_SCALE_WORDS: usize = 3;
+/// Format code of K2: a Q2_K group of 32, Q4's codes (0..3) with an FP32 `d` and `m` for
+/// each half of 16 values.
+pub const K2: u32 = 6;
+/// Scale words per block of K2: `d_0`, `d_1`, `m_0`, `m_1`.
+pub const K2_SCALE_WORDS: usize = 4;
 
 /// Whether the codes are signed bytes (Q8_0, K8) rather than nibbles.
 pub const fn byte_codes(format: u32) -> bool {
@@ -58,18 +64,23 @@ pub const fn has_offset(format: u32) -> bool {
     !byte_codes(format)
 }
 
-/// Whether value `c` of a block takes K8's second scale.
-pub const fn second_half(format: u32, c: usize) -> bool {
-    format == K8 && c >= QBLOCK / 2
+/// Whether each half of a block has its own scale (K8, K2), summed apart.
+pub const fn half_scales(format: u32) -> bool {
+    format == K8 || format == K2
 }
 
-/// Most tokens one [`quant_matvec`] launch handles; larger batches use [`quant_matmul`].
+/// Whether value `c` of a block takes the second half's scale (K8, K2).
+pub const fn second_half(format: u32, c: usize) -> bool {
+    half_scales(format) && c >= QBLOCK / 2
+}
+
+/// Most tokens one [`quant_matvec()`] launch handles; larger batches use [`quant_matmul()`].
 pub const MATVEC_MAX_TOKENS: usize = 8;
-/// Tokens per tile of [`quant_matmul`].
+/// Tokens per tile of [`quant_matmul()`].
 pub const TILE_TOKENS: usize = 32;
-/// Output rows per tile of [`quant_matmul`].
+/// Output rows per tile of [`quant_matmul()`].
 pub const TILE_ROWS: usize = 64;
-/// Units per side of a [`quant_matmul`] cube (8 x 8, one per row of the tile).
+/// Units per side of a [`quant_matmul()`] cube (8 x 8, one per row of the tile).
 pub const TILE_UNITS: usize = 8;
 
 /// `u32` words of codes per block.
@@ -129,10 +140,12 @@ pub const fn value_shift(format: u32, c: usize) -> u32 {
 /// Values a vector load brings: input values and code words are read four at a time.
 pub const VECTOR: usize = 4;
 
-/// The scale `d` of `block` (K8: of its first half).
+/// The scale `d` of `block` (K8, K2: of its first half).
 #[cube]
 fn block_d(scales: &Array<u32>, block: usize, #[comptime] format: u32) -> f32 {
-    if comptime!(format == K5) {
+    if comptime!(format == K2) {
+        f32::reinterpret(scales[K2_SCALE_WORDS * block])
+    } else if comptime!(format == K5) {
         f32::reinterpret(scales[K5_SCALE_WORDS * block])
     } else if comptime!(format == K4 || format == K8) {
         f32::reinterpret(scales[2 * block])
@@ -144,10 +157,12 @@ fn block_d(scales: &Array<u32>, block: usize, #[comptime] format: u32) -> f32 {
     }
 }
 
-/// The offset `m` of `block` given its scale `d` (K8: the second half's scale).
+/// The offset `m` of `block` given its scale `d` (K8, K2: the second half's scale).
 #[cube]
 fn block_m(scales: &Array<u32>, block: usize, d: f32, #[comptime] format: u32) -> f32 {
-    if comptime!(format == K5) {
+    if comptime!(format == K2) {
+        f32::reinterpret(scales[K2_SCALE_WORDS * block + 1])
+    } else if comptime!(format == K5) {
         f32::reinterpret(scales[K5_SCALE_WORDS * block + 1])
     } else if comptime!(format == K4 || format == K8) {
         f32::reinterpret(scales[2 * block + 1])
@@ -155,6 +170,23 @@ fn block_m(scales: &Array<u32>, block: usize, d: f32, #[comptime] format: u32) -
         half_to_f32(scales[block] >> 16)
     } else if comptime!(format == Q4_0) {
         d * -8.0
+    } else {
+        f32::new(0.0)
+    }
+}
+
+/// K2's offset of the first or (`second`) the second half of `block` (0 for the other
+/// formats).
+#[cube]
+fn block_min(
+    scales: &Array<u32>,
+    block: usize,
+    #[comptime] second: bool,
+    #[comptime] format: u32,
+) -> f32 {
+    if comptime!(format == K2) {
+        let at = comptime!(if second { 3usize } else { 2usize });
+        f32::reinterpret(scales[K2_SCALE_WORDS * block + at])
     } else {
         f32::new(0.0)
     }
@@ -192,10 +224,24 @@ fn code(
 }
 
 /// Value `c` of a block from its code: `d * q + m` (K8: `d * q` or, in the second half,
-/// `m * q`).
+/// `m * q`; K2: `d * q + mins.0` or, in the second half, `m * q + mins.1`).
 #[cube]
-fn dequantized(q: f32, d: f32, m: f32, #[comptime] c: usize, #[comptime] format: u32) -> f32 {
-    if comptime!(format == K8) {
+fn dequantized(
+    q: f32,
+    d: f32,
+    m: f32,
+    min_0: f32,
+    min_1: f32,
+    #[comptime] c: usize,
+    #[comptime] format: u32,
+) -> f32 {
+    if comptime!(format == K2) {
+        if comptime!(second_half(format, c)) {
+            m * q + min_1
+        } else {
+            d * q + min_0
+        }
+    } else if comptime!(format == K8) {
         if comptime!(second_half(format, c)) {
             m * q
         } else {
@@ -279,6 +325,8 @@ pub fn quant_matvec<N: Size>(
         while b < blocks {
             let mut d = Array::<f32>::new(rows_per_unit);
             let mut m = Array::<f32>::new(rows_per_unit);
+            let mut min_0 = Array::<f32>::new(rows_per_unit);
+            let mut min_1 = Array::<f32>::new(rows_per_unit);
             let mut high = Array::<u32>::new(rows_per_unit);
             let mut code_words = Array::<u32>::new(comptime!(words * rows_per_unit));
             #[unroll]
@@ -286,6 +334,8 @@ pub fn quant_matvec<N: Size>(
                 let block = w_row[r] + b;
                 d[r] = block_d(scales, block, format);
                 m[r] = block_m(scales, block, d[r], format);
+                min_0[r] = block_min(scales, block, false, format);
+                min_1[r] = block_min(scales, block, true, format);
                 high[r] = block_high(scales, block, format);
                 #[unroll]
                 for v in 0..word_vectors {
@@ -296,10 +346,11 @@ pub fn quant_matvec<N: Size>(
                     }
                 }
             }
-            // K8's second half goes to `dot_1`.
+            // K8's and K2's second half goes to `dot_1` (K2's inputs to `sum_1`).
             let mut dot = Array::<f32>::new(sums);
             let mut dot_1 = Array::<f32>::new(sums);
             let mut sum = Array::<f32>::new(tokens);
+            let mut sum_1 = Array::<f32>::new(tokens);
             #[unroll]
             for i in 0..sums {
                 dot[i] = 0.0;
@@ -308,6 +359,7 @@ pub fn quant_matvec<N: Size>(
             #[unroll]
             for t in 0..tokens {
                 sum[t] = 0.0;
+                sum_1[t] = 0.0;
             }
             #[unroll]
             for g in 0..groups {
@@ -332,7 +384,9 @@ pub fn quant_matvec<N: Size>(
                                 dot[t * rows_per_unit + r] += q * xv[k];
                             }
                         }
-                        if comptime!(has_offset(format)) {
+                        if comptime!(format == K2 && second_half(format, c)) {
+                            sum_1[t] += xv[k];
+                        } else if comptime!(has_offset(format)) {
                             sum[t] += xv[k];
                         }
                     }
@@ -344,8 +398,11 @@ pub fn quant_matvec<N: Size>(
                 for r in 0..rows_per_unit {
                     let i = t * rows_per_unit + r;
                     acc[i] += d[r] * dot[i];
-                    if comptime!(format == K8) {
+                    if comptime!(half_scales(format)) {
                         acc[i] += m[r] * dot_1[i];
+                    }
+                    if comptime!(format == K2) {
+                        acc[i] += min_0[r] * sum[t] + min_1[r] * sum_1[t];
                     } else if comptime!(has_offset(format)) {
                         acc[i] += m[r] * sum[t];
                     }
@@ -419,7 +476,7 @@ pub fn quant_matvec<N: Size>(
     }
 }
 
-/// [`quant_matvec`]'s end without planes: each row's sums meet in workgroup memory, then
+/// [`quant_matvec()`]'s end without planes: each row's sums meet in workgroup memory, then
 /// the units finish even rows with their neighbours (`rows_per_cube` is even, so pairs
 /// never straddle cubes).
 #[cube]
@@ -582,10 +639,14 @@ pub fn quant_matmul(
         let block = w_row * blocks + b;
         let mut d = f32::new(0.0);
         let mut m = f32::new(0.0);
+        let mut min_0 = f32::new(0.0);
+        let mut min_1 = f32::new(0.0);
         let mut high = 0u32;
         if in_range {
             d = block_d(scales, block, format);
             m = block_m(scales, block, d, format);
+            min_0 = block_min(scales, block, false, format);
+            min_1 = block_min(scales, block, true, format);
             high = block_high(scales, block, format);
         }
         #[unroll]
@@ -598,7 +659,7 @@ pub fn quant_matmul(
             for p in 0..per_word {
                 let c = comptime!(code_value(format, w, p));
                 let q = code(word, high, comptime!(code_shift(format, p)), c, format);
-                ws[c * TILE_ROWS + unit] = dequantized(q, d, m, c, format);
+                ws[c * TILE_ROWS + unit] = dequantized(q, d, m, min_0, min_1, c, format);
             }
         }
         sync_cube();
@@ -683,6 +744,8 @@ pub fn quant_rows(
         let block = ids[t] as usize * blocks + b;
         let d = block_d(scales, block, format);
         let m = block_m(scales, block, d, format);
+        let min_0 = block_min(scales, block, false, format);
+        let min_1 = block_min(scales, block, true, format);
         let high = block_high(scales, block, format);
         #[unroll]
         for w in 0..words {
@@ -691,7 +754,7 @@ pub fn quant_rows(
             for p in 0..per_word {
                 let c = comptime!(code_value(format, w, p));
                 let q = code(word, high, comptime!(code_shift(format, p)), c, format);
-                out[t * cols + b * QBLOCK + c] = dequantized(q, d, m, c, format);
+                out[t * cols + b * QBLOCK + c] = dequantized(q, d, m, min_0, min_1, c, format);
             }
         }
     }

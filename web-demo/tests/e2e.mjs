@@ -1,10 +1,12 @@
 // End-to-end test of the browser demo: serves the built site on 127.0.0.1, drives
 // headless Chromium (WebGPU on its software adapter) through playwright-core, loads the
 // real model by URL, generates greedily and checks the token ids against the native
-// engine's; then checks that Stop ends a long generation early. Run by
-// `scripts/web-demo.sh test`, which passes the native ids.
+// engine's; then checks that Stop ends a long generation early; then picks a second model
+// (`--picked`) in the page's model picker, loads it and checks its first greedy token
+// (`--picked-expect`). Run by `scripts/web-demo.sh test`, which passes the native ids.
 //
 //   node web-demo/tests/e2e.mjs --site DIR --model URL --prompt TEXT --expect "[ids]" --out DIR
+//     [--picked URL --picked-expect "[ids]"]
 import { createRequire } from "node:module";
 import { parseArgs } from "node:util";
 import path from "node:path";
@@ -20,6 +22,8 @@ const { values: args } = parseArgs({
     prompt: { type: "string" },
     expect: { type: "string" },
     out: { type: "string" },
+    picked: { type: "string" },
+    "picked-expect": { type: "string" },
     chromium: { type: "string", default: "/usr/bin/chromium" },
   },
 });
@@ -61,6 +65,16 @@ async function until(page, states, timeout) {
   if (state === "error") throw new Error(`page: ${await page.textContent("#load-status")}`);
 }
 
+// Generates `n` tokens greedily from `prompt` and returns their ids.
+async function greedy(page, prompt, n) {
+  await page.fill("#prompt", prompt);
+  await page.fill("#max-tokens", String(n));
+  await page.fill("#temperature", "0");
+  await page.click("#generate");
+  await until(page, ["done"], 15 * 60_000);
+  return JSON.parse(await page.textContent("#ids"));
+}
+
 try {
   const page = await browser.newPage({ viewport: { width: 1000, height: 900 } });
   page.on("console", (m) => log(`console.${m.type()}: ${m.text()}`));
@@ -85,12 +99,7 @@ try {
   check(/storage bindings up to \d+ MiB/.test(adapter), "the page shows the WebGPU adapter and its binding limit");
 
   // Greedy tokens against the native engine's.
-  await page.fill("#prompt", args.prompt);
-  await page.fill("#max-tokens", String(CHECKED));
-  await page.fill("#temperature", "0");
-  await page.click("#generate");
-  await until(page, ["done"], 15 * 60_000);
-  const ids = JSON.parse(await page.textContent("#ids"));
+  const ids = await greedy(page, args.prompt, CHECKED);
   const text = await page.textContent("#output");
   log(`browser ids ${JSON.stringify(ids)}, text ${JSON.stringify(text)}`);
   log(`native  ids ${JSON.stringify(expected.slice(0, CHECKED))}`);
@@ -121,6 +130,22 @@ try {
   log(`after Stop: ${stopped.length} tokens; ${stats}`);
   check(stopped.length < long && stats.includes("stopped"), `Stop ends a ${long}-token generation early`);
   await page.screenshot({ path: path.join(args.out, "web-demo-stopped.png"), fullPage: true });
+
+  // The model picker: the second model by its entry, loaded and generating its first token.
+  if (args.picked) {
+    await page.selectOption("#model-pick", args.picked);
+    check((await page.inputValue("#model-url")) === args.picked, "the picker sets the model URL");
+    const t1 = Date.now();
+    await page.click("#load");
+    await until(page, ["ready"], 15 * 60_000);
+    const model = await page.textContent("#model");
+    log(`picked model loaded in ${((Date.now() - t1) / 1000).toFixed(1)} s: ${model}`);
+    check(model.startsWith(args.picked.split("/").pop()), "the picked model is the one loaded");
+    const want = JSON.parse(args["picked-expect"]).slice(0, 1);
+    const got = await greedy(page, args.prompt, want.length);
+    log(`picked model: browser ids ${JSON.stringify(got)}, native ${JSON.stringify(want)}; ${await page.textContent("#stats")}`);
+    check(JSON.stringify(got) === JSON.stringify(want), "the picked model's first greedy token equals the native engine's");
+  }
 } finally {
   await browser.close();
   server.close();

@@ -7,6 +7,7 @@ function setState(state, message) {
   if (message !== undefined) $("load-status").textContent = message;
   const busy = state === "loading" || state === "generating";
   $("load").disabled = busy;
+  $("model-pick").disabled = busy;
   $("model-file").disabled = busy;
   $("generate").disabled = busy || !document.body.dataset.model;
   $("stop").disabled = state !== "generating";
@@ -20,6 +21,9 @@ function load(source) {
   worker.postMessage({ type: "load", ...source });
 }
 
+$("model-pick").onchange = (e) => {
+  $("model-url").value = e.target.value;
+};
 $("load").onclick = () => load({ url: $("model-url").value });
 $("model-file").onchange = (e) => {
   const file = e.target.files[0];

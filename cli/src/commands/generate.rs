@@ -13,9 +13,9 @@ use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::{ChatMessage, TextStream, Tokenizer};
 use fornax_engine::{generate_in, Engine, EngineBackend, Event, GenerateParams, Request};
 
-use super::kv_args::KvArgs;
-use super::spec_args::SpecArgs;
-use super::{load_model, parse, tokenizer, ModelArgs};
+use fornax_options::kv::KvArgs;
+use fornax_options::spec::SpecArgs;
+use fornax_options::{load_model, parse, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {

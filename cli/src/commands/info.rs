@@ -4,7 +4,7 @@ use anyhow::Result;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::model::config_from_gguf;
 
-use super::{parse, ModelArgs};
+use fornax_options::{parse, ModelArgs};
 
 struct Report;
 
@@ -21,7 +21,7 @@ impl BackendTask for Report {
 
 pub fn run(args: ModelArgs) -> Result<()> {
     let path = args.path()?;
-    let file = fornax::model_file::ModelFile::open(&path)?;
+    let file = fornax_engine::store::ModelFile::open(&path)?;
     let gguf = parse(&file)?;
     let config = config_from_gguf(&gguf)?;
     let name = gguf

@@ -1,10 +1,10 @@
 //! `fornax models`: the model aliases, which are cached, and what each cached file holds.
 
 use anyhow::Result;
-use fornax::model_file::ModelFile;
-use fornax::model_store::ALIASES;
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::ARCHITECTURES;
+use fornax_engine::store::ModelFile;
+use fornax_engine::store::ALIASES;
 
 /// A cached file's architecture and its tensor types with their counts, most first.
 fn contents(file: &GgufFile<'_>) -> (String, String) {

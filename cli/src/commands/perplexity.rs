@@ -12,8 +12,8 @@ use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::Tokenizer;
 
-use super::kv_args::KvArgs;
-use super::{load_model, parse, tokenizer, ModelArgs};
+use fornax_options::kv::KvArgs;
+use fornax_options::{load_model, parse, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {

@@ -9,20 +9,20 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fornax::engine_loop::run_engine_with;
-use fornax::server::access::Access;
-use fornax::server::keys::ApiKey;
-use fornax::server::limits::Queue;
-use fornax::server::usage::Usage;
-use fornax::server::{serve, telemetry, unix_now, AppState, Limits, ModelInfo, ServerConfig};
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::tokenizer::Tokenizer;
 use fornax_engine::EngineBackend;
+use fornax_server::access::Access;
+use fornax_server::engine_loop::run_engine_with;
+use fornax_server::keys::ApiKey;
+use fornax_server::limits::Queue;
+use fornax_server::usage::Usage;
+use fornax_server::{spawn_http, telemetry, unix_now, AppState, Limits, ModelInfo, ServerConfig};
 
-use super::kv_args::KvArgs;
-use super::sched_args::SchedArgs;
-use super::{load_model, parse, tokenizer, ModelArgs};
+use fornax_options::kv::KvArgs;
+use fornax_options::sched::SchedArgs;
+use fornax_options::{load_model, parse, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -128,20 +128,7 @@ impl BackendTask for Serve<'_> {
             shutdown_grace: Duration::from_secs(a.shutdown_grace_s),
         };
         let addr = self.listener.local_addr()?;
-        let listener = self.listener;
-        let http =
-            std::thread::Builder::new()
-                .name("http".into())
-                .spawn(move || -> Result<()> {
-                    let runtime = tokio::runtime::Builder::new_multi_thread()
-                        .enable_all()
-                        .build()
-                        .context("tokio runtime")?;
-                    let served = runtime.block_on(serve(listener, state, server_config));
-                    // Drops every task, and with them the last senders to the engine loop.
-                    runtime.shutdown_timeout(Duration::from_secs(1));
-                    served
-                })?;
+        let http = spawn_http(self.listener, state, server_config)?;
         tracing::info!(model = %self.name, backend = %info.kind, adapter = %info.adapter, context, "model loaded");
         println!("fornax: serving {} on http://{addr}", self.name);
         run_engine_with(
@@ -183,7 +170,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             "API keys required"
         );
     }
-    let file = fornax::model_file::ModelFile::open(&path)?;
+    let file = fornax_engine::store::ModelFile::open(&path)?;
     let gguf = parse(&file)?;
     let tokenizer = Arc::new(tokenizer(&gguf)?);
     args.model.run_on(Serve {

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use clap::Args;
 
-use super::{parse, tokenizer, ModelArgs};
+use fornax_options::{parse, tokenizer, ModelArgs};
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn model() -> String {
-    let path = fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}")).unwrap();
+    let path = fornax_engine::store::ensure_default_model(&mut |s| eprintln!("{s}")).unwrap();
     path.to_string_lossy().into_owned()
 }
 

@@ -11,7 +11,7 @@ fn fornax(args: &[&str]) -> Output {
 }
 
 fn model() -> String {
-    let path = fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}")).unwrap();
+    let path = fornax_engine::store::ensure_default_model(&mut |s| eprintln!("{s}")).unwrap();
     path.to_string_lossy().into_owned()
 }
 
@@ -294,7 +294,7 @@ fn models_lists_aliases_and_unknown_ones_are_named() {
     let out = fornax(&["models"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for alias in fornax::model_store::ALIASES.iter() {
+    for alias in fornax_engine::store::ALIASES.iter() {
         assert!(text.contains(alias.name), "{text}");
     }
     assert!(

@@ -21,7 +21,7 @@ const CHAT_PROMPT: &str = "What is the capital of France?";
 pub(crate) const MAX_TOKENS: usize = 12;
 
 fn model_path() -> PathBuf {
-    fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}")).expect("default model")
+    fornax_engine::store::ensure_default_model(&mut |s| eprintln!("{s}")).expect("default model")
 }
 
 /// A `fornax serve` process, killed on drop.
@@ -323,7 +323,7 @@ struct Expected {
 /// checked against the tokenizer's encoding of the same request.
 fn reference() -> (Expected, Expected) {
     let path = model_path();
-    let file = fornax::model_file::ModelFile::open(&path).unwrap();
+    let file = fornax_engine::store::ModelFile::open(&path).unwrap();
     let gguf = GgufFile::parse(file.bytes()).unwrap();
     let tok = Tokenizer::from_gguf(&gguf).unwrap();
     let stop_ids = tok.stop_ids();
@@ -733,6 +733,25 @@ fn bad_input_gets_openai_errors_and_the_server_stays_healthy() {
                 .into_bytes(),
             400,
             "outside the vocabulary",
+        ),
+        (
+            "a JSON schema the server would ignore",
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}})
+                .to_string()
+                .into_bytes(),
+            400,
+            "`response_format` is not supported",
+        ),
+        (
+            "log-probabilities the server would not return",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "logprobs": 5})
+                .to_string()
+                .into_bytes(),
+            400,
+            "`logprobs` is not supported",
         ),
         (
             "unknown route",

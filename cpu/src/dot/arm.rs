@@ -15,7 +15,7 @@ macro_rules! level {
             use std::arch::aarch64::*;
 
             use crate::format::{QuantFormat, QBLOCK};
-            use crate::interleaved::{group_scales, LANES};
+            use crate::interleaved::{group_mins, group_scales, LANES};
 
             /// Adds to each `i32` lane of `a` the products of its four bytes of `w` and `x`.
             #[target_feature(enable = $features)]
@@ -51,7 +51,7 @@ macro_rules! level {
             unsafe fn tile<const N: usize, const F: usize>(
                 group: &[u8],
                 nb: usize,
-                x: [(&[i8], &[f32], &[f32]); N],
+                x: [crate::activations::TokenActs<'_>; N],
                 out: &mut [[f32; LANES]],
             ) {
                 let format = QuantFormat::ALL[F];
@@ -111,20 +111,42 @@ macro_rules! level {
                                 for j in 0..N {
                                     let xl = unsafe { broadcast(xb[j].add(4 * c)) };
                                     let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
-                                    isum[j][h] = step(step(isum[j][h], lo, xl), hi, xh);
+                                    if format.half_scales() {
+                                        // K2: the high nibbles (values 16..32) apart.
+                                        isum[j][h] = step(isum[j][h], lo, xl);
+                                        second[j][h] = step(second[j][h], hi, xh);
+                                    } else {
+                                        isum[j][h] = step(step(isum[j][h], lo, xl), hi, xh);
+                                    }
                                 }
                             }
                         }
                     }
+                    let mins = match format {
+                        QuantFormat::K2 => {
+                            let (m0, m1) = group_mins(block);
+                            // SAFETY: eight values each.
+                            let v = |m: &[f32; LANES], h: usize| unsafe {
+                                vld1q_f32(m.as_ptr().add(4 * h))
+                            };
+                            [[v(&m0, 0), v(&m0, 1)], [v(&m1, 0), v(&m1, 1)]]
+                        }
+                        _ => [[vdupq_n_f32(0.0); 2]; 2],
+                    };
                     for j in 0..N {
                         let (xd, xs) = (x[j].1[b], x[j].2[b]);
                         for h in 0..2 {
                             let scale = vmulq_f32(d[h], vdupq_n_f32(xd));
                             acc[j][h] = vfmaq_f32(acc[j][h], vcvtq_f32_s32(isum[j][h]), scale);
-                            if format == QuantFormat::K8 {
+                            if format.half_scales() {
                                 let scale = vmulq_f32(m[h], vdupq_n_f32(xd));
                                 let s = vcvtq_f32_s32(second[j][h]);
                                 acc[j][h] = vfmaq_f32(acc[j][h], s, scale);
+                            }
+                            if format == QuantFormat::K2 {
+                                let (h0, h1) = (x[j].3[2 * b], x[j].3[2 * b + 1]);
+                                acc[j][h] = vfmaq_f32(acc[j][h], mins[0][h], vdupq_n_f32(h0));
+                                acc[j][h] = vfmaq_f32(acc[j][h], mins[1][h], vdupq_n_f32(h1));
                             } else if format.has_offset() {
                                 acc[j][h] = vfmaq_f32(acc[j][h], m[h], vdupq_n_f32(xs));
                             }

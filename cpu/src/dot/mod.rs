@@ -4,7 +4,8 @@
 //! A block's product is `d_w d_x sum(q_w q_x) + m_w s_x`: the integer sum in SIMD, `m_w`
 //! being Q4_1's, K4's and K5's `m`, `-8 d_w` for Q4_0 (whose codes are read as 0..15),
 //! `-16 d_w` for Q5_0 and 0 for Q8_0. K8 has a `d_w` per half of 16 values and sums the
-//! halves apart: `fma(sum_1, d_w1 d_x, fma(sum_0, d_w0 d_x, acc))`. Each lane (row)
+//! halves apart: `fma(sum_1, d_w1 d_x, fma(sum_0, d_w0 d_x, acc))`; K2 too, then adds
+//! each half's `m_wh s_xh` (`s_xh` the activations' sum over that half). Each lane (row)
 //! accumulates `fma(sum, d_w d_x, acc)` then `fma(m_w, s_x, acc)` block by block, whatever
 //! the batch, so a token's result does not depend on the tokens beside it.
 
@@ -38,6 +39,7 @@ macro_rules! tokens_by_tile {
                     QuantFormat::K4 => tokens_of::<4>(group, acts, t0, n, out),
                     QuantFormat::K5 => tokens_of::<5>(group, acts, t0, n, out),
                     QuantFormat::K8 => tokens_of::<6>(group, acts, t0, n, out),
+                    QuantFormat::K2 => tokens_of::<7>(group, acts, t0, n, out),
                 }
             }
         }
@@ -55,14 +57,13 @@ macro_rules! tokens_by_tile {
             out: &mut [[f32; LANES]],
         ) {
             let nb = acts.cols / QBLOCK;
-            let x = |j: usize| acts.token(t0 + j);
             // SAFETY: as the caller guarantees.
             unsafe {
                 match n {
-                    4 => tile::<4, F>(group, nb, std::array::from_fn(x), out),
-                    3 => tile::<3, F>(group, nb, std::array::from_fn(x), out),
-                    2 => tile::<2, F>(group, nb, std::array::from_fn(x), out),
-                    _ => tile::<1, F>(group, nb, [x(0)], out),
+                    4 => tile::<4, F>(group, nb, acts.tile(t0), out),
+                    3 => tile::<3, F>(group, nb, acts.tile(t0), out),
+                    2 => tile::<2, F>(group, nb, acts.tile(t0), out),
+                    _ => tile::<1, F>(group, nb, acts.tile(t0), out),
                 }
             }
         }

@@ -6,11 +6,19 @@ use std::ops::Range;
 
 use crate::activations::Q8Activations;
 use crate::format::{five_bit, high_bits, QuantFormat, QBLOCK};
-use crate::interleaved::{group_scales, LANES};
+use crate::interleaved::{group_mins, group_scales, LANES};
 
 /// `sum(q_w q_x)` of lane `l` over chunks `chunks` of one group-block (Q4 codes read as
-/// 0..15, Q5_0's as 0..31).
-fn lane_isum(format: QuantFormat, block: &[u8], l: usize, x: &[i8], chunks: Range<usize>) -> i32 {
+/// 0..15, Q5_0's as 0..31), of the nibble formats' values `halves` (0: `j < 16` from the
+/// low nibbles, 1: the high ones).
+fn lane_isum(
+    format: QuantFormat,
+    block: &[u8],
+    l: usize,
+    x: &[i8],
+    chunks: Range<usize>,
+    halves: Range<usize>,
+) -> i32 {
     let codes = &block[format.group_codes_at()..];
     let hb = format.high_bytes();
     let high_at = format.group_high_at() + hb * l;
@@ -24,7 +32,11 @@ fn lane_isum(format: QuantFormat, block: &[u8], l: usize, x: &[i8], chunks: Rang
                 true => i32::from(byte as i8) * i32::from(x[k]),
                 _ => {
                     let (lo, hi) = five_bit(byte, qh, k);
-                    i32::from(lo) * i32::from(x[k]) + i32::from(hi) * i32::from(x[k + 16])
+                    let values = [(lo, x[k]), (hi, x[k + 16])];
+                    values[halves.clone()]
+                        .iter()
+                        .map(|&(q, x)| i32::from(q) * i32::from(x))
+                        .sum()
                 }
             };
         }
@@ -44,21 +56,35 @@ pub(super) fn tokens(
     let gbb = format.group_block_bytes();
     let chunks = (format.code_bytes() - format.high_bytes()) / 4;
     for (j, o) in out[..n].iter_mut().enumerate() {
-        let (q, xd, xs) = acts.token(t0 + j);
+        let (q, xd, xs, xh) = acts.token(t0 + j);
         *o = [0.0; LANES];
         for (b, block) in group.chunks_exact(gbb).enumerate() {
             let (d, m) = group_scales(format, block);
+            let (m0, m1) = match format {
+                QuantFormat::K2 => group_mins(block),
+                _ => ([0.0; LANES], [0.0; LANES]),
+            };
             let x = &q[b * QBLOCK..(b + 1) * QBLOCK];
             for (l, acc) in o.iter_mut().enumerate() {
                 if format == QuantFormat::K8 {
                     // One scale per half: chunks 0..4 hold values 0..16.
-                    let first = lane_isum(format, block, l, x, 0..4);
-                    let second = lane_isum(format, block, l, x, 4..8);
+                    let first = lane_isum(format, block, l, x, 0..4, 0..2);
+                    let second = lane_isum(format, block, l, x, 4..8, 0..2);
                     *acc = (first as f32).mul_add(d[l] * xd[b], *acc);
                     *acc = (second as f32).mul_add(m[l] * xd[b], *acc);
                     continue;
                 }
-                let isum = lane_isum(format, block, l, x, 0..chunks);
+                if format == QuantFormat::K2 {
+                    // A scale and a min per half: the low nibbles hold values 0..16.
+                    let first = lane_isum(format, block, l, x, 0..chunks, 0..1);
+                    let second = lane_isum(format, block, l, x, 0..chunks, 1..2);
+                    *acc = (first as f32).mul_add(d[l] * xd[b], *acc);
+                    *acc = (second as f32).mul_add(m[l] * xd[b], *acc);
+                    *acc = m0[l].mul_add(xh[2 * b], *acc);
+                    *acc = m1[l].mul_add(xh[2 * b + 1], *acc);
+                    continue;
+                }
+                let isum = lane_isum(format, block, l, x, 0..chunks, 0..2);
                 *acc = (isum as f32).mul_add(d[l] * xd[b], *acc);
                 if format.has_offset() {
                     *acc = m[l].mul_add(xs[b], *acc);

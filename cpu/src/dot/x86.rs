@@ -81,6 +81,19 @@ macro_rules! level {
                 }
             }
 
+            /// K2's mins of the first and the second half (its scales 2 and 3).
+            ///
+            /// # Safety
+            /// `block` starts a K2 group-block.
+            #[target_feature(enable = $features)]
+            unsafe fn k2_mins(block: *const u8) -> (__m256, __m256) {
+                // SAFETY: four vectors of FP32 scales lead the group-block.
+                unsafe {
+                    let m0 = _mm256_loadu_ps(block.add(8 * LANES) as *const f32);
+                    (m0, _mm256_loadu_ps(block.add(12 * LANES) as *const f32))
+                }
+            }
+
             /// Four activation bytes in every lane.
             #[target_feature(enable = $features)]
             unsafe fn broadcast(x: *const i8) -> __m256i {
@@ -97,7 +110,7 @@ macro_rules! level {
             pub(crate) unsafe fn tile<const N: usize, const F: usize>(
                 group: &[u8],
                 nb: usize,
-                x: [(&[i8], &[f32], &[f32]); N],
+                x: [crate::activations::TokenActs<'_>; N],
                 out: &mut [[f32; LANES]],
             ) {
                 let format = QuantFormat::ALL[F];
@@ -111,6 +124,11 @@ macro_rules! level {
                     let block = unsafe { group.as_ptr().add(b * gbb) };
                     let codes = unsafe { block.add(codes_at) };
                     let (d, m) = unsafe { block_scales(format, block) };
+                    // K2's mins, once per block for every token.
+                    let (m0, m1) = match format {
+                        QuantFormat::K2 => unsafe { k2_mins(block) },
+                        _ => (_mm256_setzero_ps(), _mm256_setzero_ps()),
+                    };
                     let xb: [*const i8; N] =
                         std::array::from_fn(|j| unsafe { x[j].0.as_ptr().add(QBLOCK * b) });
                     // K8 sums its two halves apart (one scale each): `second` holds chunks
@@ -148,6 +166,9 @@ macro_rules! level {
                             }
                         }
                     } else {
+                        // Q4 and K4 sum both nibbles together; K2 the high ones (values
+                        // 16..32) apart, into `second`.
+                        let apart = format.half_scales();
                         for c in 0..4 {
                             let raw =
                                 unsafe { _mm256_loadu_si256(codes.add(32 * c) as *const __m256i) };
@@ -156,11 +177,14 @@ macro_rules! level {
                             for j in 0..N {
                                 let xl = unsafe { broadcast(xb[j].add(4 * c)) };
                                 let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
-                                isum[j] = q4_step(q4_step(isum[j], lo, xl), hi, xh);
+                                isum[j] = q4_step(isum[j], lo, xl);
+                                let sums = if apart { &mut second } else { &mut isum };
+                                sums[j] = q4_step(sums[j], hi, xh);
                             }
                         }
-                        for s in isum.iter_mut() {
-                            *s = q4_sum(*s);
+                        for j in 0..N {
+                            isum[j] = q4_sum(isum[j]);
+                            second[j] = q4_sum(second[j]);
                         }
                     }
                     for j in 0..N {
@@ -169,9 +193,19 @@ macro_rules! level {
                         let xd = _mm256_set1_ps(xd);
                         let scale = _mm256_mul_ps(d, xd);
                         acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), scale, acc[j]);
-                        if format == QuantFormat::K8 {
+                        if format.half_scales() {
                             let scale = _mm256_mul_ps(m, xd);
                             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second[j]), scale, acc[j]);
+                        }
+                        if format == QuantFormat::K2 {
+                            let (h0, h1) = unsafe {
+                                (
+                                    *x[j].3.get_unchecked(2 * b),
+                                    *x[j].3.get_unchecked(2 * b + 1),
+                                )
+                            };
+                            acc[j] = _mm256_fmadd_ps(m0, _mm256_set1_ps(h0), acc[j]);
+                            acc[j] = _mm256_fmadd_ps(m1, _mm256_set1_ps(h1), acc[j]);
                         } else if format.has_offset() {
                             acc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs), acc[j]);
                         }

@@ -13,6 +13,8 @@ mod ops;
 pub mod pack;
 mod pool;
 pub mod reference;
+#[cfg(feature = "redis")]
+pub mod remote;
 mod stats;
 mod store;
 #[cfg(test)]

@@ -190,13 +190,9 @@ where
         batch: &PagedBatch<Self>,
         shape: AttentionShape,
     ) -> Tensor<Self, 2> {
-        // The kernels are written for FP32 activations, 32-bit table words, head
-        // dimensions that are a multiple of their loop step, and every earlier key.
-        let windowed = shape
-            .window
-            .is_some_and(|w| batch.seqs.iter().any(|s| s.total() > w));
+        // The kernels are written for FP32 activations, 32-bit table words and head
+        // dimensions that are a multiple of their loop step.
         if !batch.kernels
-            || windowed
             || FloatElem::<Self>::dtype() != burn_tensor::DType::F32
             || !shape.head_dim.is_multiple_of(HEAD_DIM_MULTIPLE)
         {

@@ -10,8 +10,8 @@ use half::f16;
 
 use crate::gguf::GgmlType;
 use fornax_shaders::quant_matmul::{
-    code_shift, code_value, codes_per_word, quant_words, K4, K5, K5_SCALE_WORDS, K8, Q4_0, Q4_1,
-    Q8_0, QBLOCK,
+    code_shift, code_value, codes_per_word, quant_words, K2, K4, K5, K5_SCALE_WORDS, K8, Q4_0,
+    Q4_1, Q8_0, QBLOCK,
 };
 
 /// A `[rows, cols]` block-quantized matrix in the kernels' layout, on the host.
@@ -44,13 +44,13 @@ pub fn format_code(ty: GgmlType) -> Option<u32> {
         GgmlType::Q4_K => Some(K4),
         GgmlType::Q6_K | GgmlType::Q3_K => Some(K8),
         GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K => Some(K5),
+        GgmlType::Q2_K => Some(K2),
         _ => None,
     }
 }
 
 /// The CPU kernels' format for `ty`: the legacy blocks as they are, the K-quants (and
-/// Q5_1) as groups of 32 with FP32 scales; `None` for Q2_K (a min per 16 values) and
-/// the float types.
+/// Q5_1) as groups of 32 with FP32 scales; `None` for the float types.
 pub fn cpu_format(ty: GgmlType) -> Option<fornax_cpu::QuantFormat> {
     use fornax_cpu::QuantFormat as F;
     Some(match ty {
@@ -61,6 +61,7 @@ pub fn cpu_format(ty: GgmlType) -> Option<fornax_cpu::QuantFormat> {
         GgmlType::Q4_K => F::K4,
         GgmlType::Q5_K | GgmlType::Q5_1 => F::K5,
         GgmlType::Q6_K | GgmlType::Q3_K => F::K8,
+        GgmlType::Q2_K => F::K2,
         _ => return None,
     })
 }
@@ -75,7 +76,7 @@ impl PackedMatrix {
     /// Repacks the GGUF blocks of a `[rows, cols]` matrix; `None` for a type without
     /// kernels, rows that are not whole blocks, or `bytes` that are not `rows * cols` values.
     /// A legacy block's codes are what follows its halves (Q5_0: `qh`, then the nibbles);
-    /// the K-quants and Q5_1 become groups of 32 ([`PackedMatrix::pack_groups`]).
+    /// the K-quants and Q5_1 become groups of 32 (`PackedMatrix::pack_groups`).
     pub fn pack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
         let format = cpu_format(ty)?;
         let block_bytes = ty.block_bytes() as usize;
@@ -104,9 +105,10 @@ impl PackedMatrix {
         Some(Self::from_blocks(ty, rows, cols, &codes, &halves))
     }
 
-    /// A K-quant (or Q5_1) matrix as the CPU kernels' groups of 32 (`format`: K4, K5 or
-    /// K8): codes as Q4_1's, Q5_0's or signed bytes, and each group's two FP32 scales
-    /// (`scale, min`, or K8's scale per half) as two 16-bit words each, low first.
+    /// A K-quant (or Q5_1) matrix as the CPU kernels' groups of 32 (`format`: K4, K5, K8
+    /// or K2): codes as Q4_1's, Q5_0's or signed bytes, and each group's FP32 scales
+    /// (`scale, min`, K8's scale per half, K2's scale per half then min per half) as two
+    /// 16-bit words each, low first.
     fn pack_groups(
         ty: GgmlType,
         format: fornax_cpu::QuantFormat,
@@ -122,10 +124,14 @@ impl PackedMatrix {
             ty.groups(block, |g| {
                 let u = |j: usize| g.q[j] as u8;
                 let scales = match format {
-                    F::K8 => g.scale,
-                    _ => [g.scale[0], g.min[0]],
+                    F::K2 => &[g.scale[0], g.scale[1], g.min[0], g.min[1]][..],
+                    F::K8 => &g.scale[..],
+                    _ => &[g.scale[0], g.min[0]][..],
                 };
-                debug_assert!(format == F::K8 || (g.scale[0], g.min[0]) == (g.scale[1], g.min[1]));
+                debug_assert!(
+                    matches!(format, F::K8 | F::K2)
+                        || (g.scale[0], g.min[0]) == (g.scale[1], g.min[1])
+                );
                 match format {
                     F::K8 => codes.extend((0..32).map(u)),
                     _ => {

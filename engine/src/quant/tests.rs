@@ -16,8 +16,8 @@ fn half_offsets(ty: GgmlType) -> &'static [usize] {
     }
 }
 
-/// The block types the CPU kernels read (the CubeCL kernels: Q4_0, Q4_1, Q8_0).
-const KERNEL_TYPES: [GgmlType; 9] = [
+/// The block types the CPU kernels read.
+const KERNEL_TYPES: [GgmlType; 10] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
@@ -27,6 +27,7 @@ const KERNEL_TYPES: [GgmlType; 9] = [
     GgmlType::Q5_K,
     GgmlType::Q6_K,
     GgmlType::Q3_K,
+    GgmlType::Q2_K,
 ];
 
 /// `values / block_elements` blocks of `ty`: every byte from `code`, the halves from
@@ -95,11 +96,10 @@ fn pack_refuses_what_it_cannot_hold() {
     // Rows of 48 values are not whole blocks; a byte count that disagrees with the shape.
     assert!(PackedMatrix::pack(GgmlType::Q8_0, &bytes[..3 * 34], 2, 48).is_none());
     assert!(PackedMatrix::pack(GgmlType::Q8_0, &bytes[..60], 1, 96).is_none());
-    // Rows of K-quants that are not whole super-blocks; Q2_K (a min per 16 values).
+    // Rows of K-quants that are not whole super-blocks.
     let k = blocks(GgmlType::Q4_K);
     assert!(PackedMatrix::pack(GgmlType::Q4_K, &k, 6, 128).is_none());
     assert!(PackedMatrix::pack(GgmlType::Q4_K, &k[..144], 1, 768).is_none());
-    assert!(PackedMatrix::pack(GgmlType::Q2_K, &blocks(GgmlType::Q2_K), 1, 768).is_none());
 }
 
 /// `rows * cols / block_elements` random GGUF blocks of `ty`: scales of either sign over

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use fornax::model_file::ModelFile;
 use fornax_backends::{BackendError, BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
@@ -13,6 +12,7 @@ use fornax_engine::sampling::argmax;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::score::{perplexity, token_logprobs};
 use fornax_engine::seq_cache::{PagedSeq, SeqCache};
+use fornax_engine::store::ModelFile;
 use fornax_engine::{generate_in, prefill, Engine, EngineBackend, Event, GenerateParams, Request};
 use serde::Deserialize;
 
@@ -58,7 +58,7 @@ pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, B
 pub fn model_file() -> &'static ModelFile {
     static FILE: OnceLock<ModelFile> = OnceLock::new();
     FILE.get_or_init(|| {
-        let path = fornax::model_store::ensure_default_model(&mut |s| eprintln!("{s}"))
+        let path = fornax_engine::store::ensure_default_model(&mut |s| eprintln!("{s}"))
             .expect("default model");
         ModelFile::open(&path).expect("open model")
     })
@@ -68,7 +68,7 @@ pub fn model_file() -> &'static ModelFile {
 pub fn gemma_file() -> &'static ModelFile {
     static FILE: OnceLock<ModelFile> = OnceLock::new();
     FILE.get_or_init(|| {
-        let alias = fornax::model_store::alias("gemma3-270m").expect("the gemma3-270m alias");
+        let alias = fornax_engine::store::alias("gemma3-270m").expect("the gemma3-270m alias");
         let path = alias
             .ensure(&mut |s| eprintln!("{s}"))
             .expect("Gemma 3 model");

@@ -216,7 +216,7 @@ impl BackendTask for Threaded {
     type Output = ();
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) {
-        use fornax::engine_loop::{run_engine, Command, Update};
+        use fornax_server::engine_loop::{run_engine, Command, Update};
         use std::sync::mpsc::channel;
         use std::time::Duration;
         use tokio::sync::mpsc::unbounded_channel;

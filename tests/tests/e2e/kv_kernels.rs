@@ -86,12 +86,12 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Plain FP32 attention of one row's query at position `pos` over the original values.
-fn exact_row(q: &[f32], keys: &[f32], values: &[f32], pos: usize) -> Vec<f32> {
+fn exact_row(q: &[f32], keys: &[f32], values: &[f32], first: usize, pos: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; N_KV * GROUP * HD];
     let scale = (HD as f32).powf(-0.5);
     for h in 0..N_KV * GROUP {
         let kvh = h / GROUP;
-        let scores: Vec<f32> = (0..=pos)
+        let scores: Vec<f32> = (first..=pos)
             .map(|t| {
                 (0..HD)
                     .map(|d| q[h * HD + d] * keys[t * N_KV * HD + kvh * HD + d])
@@ -102,7 +102,7 @@ fn exact_row(q: &[f32], keys: &[f32], values: &[f32], pos: usize) -> Vec<f32> {
         let m = scores.iter().copied().fold(f32::MIN, f32::max);
         let e: Vec<f32> = scores.iter().map(|s| (s - m).exp()).collect();
         let sum: f32 = e.iter().sum();
-        for (t, p) in e.iter().enumerate() {
+        for (t, p) in (first..=pos).zip(&e) {
             for d in 0..HD {
                 out[h * HD + d] += p / sum * values[t * N_KV * HD + kvh * HD + d];
             }
@@ -116,11 +116,12 @@ fn both<B: EngineBackend>(
     kv: &PagedKv<B>,
     batch: &mut PagedBatch<B>,
     q: Tensor<B, 2>,
+    shape: AttentionShape,
 ) -> (Vec<f32>, Vec<f32>) {
     let layer = kv.store.layer(0);
     batch.kernels = true;
-    let kernel = B::paged_attention(q.clone(), layer, batch, SHAPE);
-    let reference = reference::paged_attention(q, layer, batch, SHAPE);
+    let kernel = B::paged_attention(q.clone(), layer, batch, shape);
+    let reference = reference::paged_attention(q, layer, batch, shape);
     (host(&kernel), host(&reference))
 }
 
@@ -137,6 +138,8 @@ struct KernelCheck {
     /// Trim each sequence to its first block and newest `window` tokens first (the
     /// elastic window): new rows then sit at positions past their cache rows.
     window: Option<usize>,
+    /// Each query sees only the newest this many keys (a sliding-window layer).
+    attention_window: Option<usize>,
 }
 
 /// Drops from `f`'s host copy the tokens its trimmed sequence no longer holds.
@@ -167,6 +170,10 @@ impl BackendTask for KernelCheck {
             assert!(kv.stats().window_dropped_tokens > 0);
         }
         let tiers = kv.stats().blocks_used_by_tier;
+        let shape = AttentionShape {
+            window: self.attention_window,
+            ..SHAPE
+        };
 
         // New rows for every sequence in one dispatch: keys written first, as the model does.
         let parts: Vec<_> = filled.iter().map(|f| (f.seq, self.rows)).collect();
@@ -197,7 +204,7 @@ impl BackendTask for KernelCheck {
         let (qh, kh, vh) = (host(&q), host(&k), host(&v));
         for decode_kernel in decode_kernels {
             batch.decode_kernel = decode_kernel;
-            let (kernel, reference) = both(&kv, &mut batch, q.clone());
+            let (kernel, reference) = both(&kv, &mut batch, q.clone(), shape);
             let diff = max_diff(&kernel, &reference);
             if batch.all_f32 {
                 // The kernels binding only the FP32 arenas (as in a browser): identical sums.
@@ -206,7 +213,7 @@ impl BackendTask for KernelCheck {
                     q.clone(),
                     kv.store.layer(0),
                     &batch,
-                    SHAPE,
+                    shape,
                 ));
                 batch.f32_bindings = false;
                 assert_eq!(
@@ -227,7 +234,11 @@ impl BackendTask for KernelCheck {
                 for r in 0..self.rows {
                     let row = i * self.rows + r;
                     let pos = f.keys.len() / (N_KV * HD) + r;
-                    let exact = exact_row(&qh[row * width..(row + 1) * width], &keys, &values, pos);
+                    let first = self
+                        .attention_window
+                        .map_or(0, |w| (pos + 1).saturating_sub(w));
+                    let q_row = &qh[row * width..(row + 1) * width];
+                    let exact = exact_row(q_row, &keys, &values, first, pos);
                     tier_diff =
                         tier_diff.max(max_diff(&kernel[row * width..(row + 1) * width], &exact));
                 }
@@ -266,6 +277,7 @@ fn check_cpu(policy: TierPolicy, lengths: &[usize], rows: usize, tier_tolerance:
         rows,
         force_prefill: false,
         window: None,
+        attention_window: None,
     });
 }
 
@@ -284,6 +296,7 @@ fn run(
         rows,
         force_prefill,
         window: None,
+        attention_window: None,
     });
 }
 
@@ -369,6 +382,42 @@ fn trimmed_sequences_through_both_kernels() {
             rows,
             force_prefill,
             window: Some(100),
+            attention_window: None,
+        });
+    }
+}
+
+/// Sliding-window layers (Gemma 3): each query sees only its newest 100 keys, through both
+/// decode kernels and the prefill kernel, the window's edge inside and across key tiles.
+#[test]
+fn windowed_attention_through_both_kernels() {
+    for (rows, force_prefill) in [(1, false), (1, true), (40, false)] {
+        run_check(KernelCheck {
+            backend: BackendKind::Wgpu,
+            policy: TierPolicy::DEFAULT,
+            lengths: vec![0, 30, 99, 150, 999],
+            tier_tolerance: 5e-3,
+            rows,
+            force_prefill,
+            window: None,
+            attention_window: Some(100),
+        });
+    }
+}
+
+/// The CPU backend on the windowed cases.
+#[test]
+fn cpu_windowed_attention_matches_reference() {
+    for rows in [1, 40] {
+        run_check(KernelCheck {
+            backend: BackendKind::Cpu,
+            policy: TierPolicy::DEFAULT,
+            lengths: vec![0, 30, 99, 150, 999],
+            tier_tolerance: 5e-3,
+            rows,
+            force_prefill: false,
+            window: None,
+            attention_window: Some(100),
         });
     }
 }
@@ -406,6 +455,7 @@ fn cpu_trimmed_sequences_match_reference() {
             rows,
             force_prefill: false,
             window: Some(100),
+            attention_window: None,
         });
     }
 }

@@ -22,7 +22,7 @@ use rand::{rngs::StdRng, Rng, SeedableRng};
 
 type B = WgpuBackend;
 
-const FORMATS: [GgmlType; 8] = [
+const FORMATS: [GgmlType; 10] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q8_0,
@@ -31,6 +31,8 @@ const FORMATS: [GgmlType; 8] = [
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q5_K,
+    GgmlType::Q3_K,
+    GgmlType::Q2_K,
 ];
 
 /// `cols` rounded up to whole blocks of `ty` (256 values for a K-quant).
@@ -44,10 +46,11 @@ fn random_blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut StdRng) -> Ve
         // K-quants: random bytes, then the super-block halves (`d`, and `dmin`) set.
         let bb = ty.block_bytes() as usize;
         let mut bytes: Vec<u8> = (0..rows * cols / 256 * bb).map(|_| rng.random()).collect();
-        let halves: &[usize] = if ty == GgmlType::Q6_K {
-            &[208]
-        } else {
-            &[0, 2]
+        let halves: &[usize] = match ty {
+            GgmlType::Q6_K => &[208],
+            GgmlType::Q3_K => &[108],
+            GgmlType::Q2_K => &[80, 82],
+            _ => &[0, 2],
         };
         for block in bytes.chunks_exact_mut(bb) {
             for &at in halves {

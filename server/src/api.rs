@@ -1,0 +1,159 @@
+//! The OpenAI request bodies this server accepts, parsed with errors that name the field.
+//! A body is read as a [`Body`] and then viewed twice: as the endpoint's own fields and as
+//! the [`GenerationParams`] both endpoints share. Fields that would change the answer but
+//! are not supported yet are refused (`unsupported.rs`); other unknown fields (`user`,
+//! `metadata`, ...) change nothing and are ignored.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: Prompt,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<Message>,
+}
+
+/// A completion prompt: text, a one-element list of text, or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a string, a list of one string, or a list of token ids"
+)]
+pub enum Prompt {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+/// A chat message; `content` is text or a list of text parts.
+#[derive(Debug, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: Content,
+}
+
+/// Message content.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "a string or a list of text parts")]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a multi-part message; only `text` parts are supported.
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged, expecting = "a string or a list of strings")]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling and output parameters common to both endpoints.
+#[derive(Debug, Default, Deserialize)]
+pub struct GenerationParams {
+    pub max_tokens: Option<usize>,
+    /// The chat endpoint's newer name for `max_tokens`.
+    pub max_completion_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// 0 or -1: no limit.
+    pub top_k: Option<i64>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    pub n: Option<usize>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    /// Fornax extension: the QoS class, 0 (interactive, served first) .. 3 (batch).
+    pub priority: Option<i64>,
+}
+
+impl Message {
+    /// The message text; non-text parts are refused.
+    pub fn text(&self) -> Result<String, ApiError> {
+        match &self.content {
+            Content::Text(t) => Ok(t.clone()),
+            Content::Parts(parts) => parts
+                .iter()
+                .map(|p| match (p.kind.as_str(), &p.text) {
+                    ("text", Some(t)) => Ok(t.as_str()),
+                    (kind, _) => Err(ApiError::invalid_param(
+                        "messages",
+                        format!("content parts of type `{kind}` are not supported (only text)"),
+                    )),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Stop {
+    /// The stop strings, empty ones dropped.
+    pub fn strings(self) -> Vec<String> {
+        let all = match self {
+            Stop::One(s) => vec![s],
+            Stop::Many(v) => v,
+        };
+        all.into_iter().filter(|s| !s.is_empty()).collect()
+    }
+}
+
+/// A request body: a JSON object.
+pub struct Body(serde_json::Value);
+
+impl Body {
+    /// Parses the bytes; anything but a JSON object is refused.
+    pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        if let Err(e) = std::str::from_utf8(bytes) {
+            return Err(ApiError::invalid(format!(
+                "the body is not valid UTF-8 (invalid byte at offset {})",
+                e.valid_up_to()
+            )));
+        }
+        let value: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|e| ApiError::invalid(format!("the body is not valid JSON: {e}")))?;
+        if !value.is_object() {
+            return Err(ApiError::invalid("the body must be a JSON object"));
+        }
+        crate::unsupported::refuse_unsupported(&value)?;
+        Ok(Self(value))
+    }
+
+    /// The body as `T`; errors name the field (`max_tokens: invalid type ...`).
+    pub fn view<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        serde_path_to_error::deserialize(&self.0).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            match path.as_str() {
+                "." => ApiError::invalid(inner.to_string()),
+                _ => ApiError::invalid(format!("{path}: {inner}")),
+            }
+        })
+    }
+}

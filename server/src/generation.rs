@@ -1,0 +1,343 @@
+//! One generation as the HTTP handlers see it: a validated job submitted to the engine
+//! loop, then text pieces as tokens arrive, with latency metrics. Dropping a generation
+//! before it ends (the client went away) cancels it, so its KV blocks return at once.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use fornax_engine::sampling::SamplingParams;
+use fornax_engine::sched::{FinishReason, RequestId};
+use fornax_engine::Request;
+use metrics::{counter, histogram};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::access::Caller;
+use crate::api::GenerationParams;
+use crate::engine_loop::{Command, Update};
+use crate::error::ApiError;
+use crate::limits::QueueSlot;
+use crate::telemetry::{
+    E2E, GENERATED_TOKENS, INTER_TOKEN, KEY_REQUESTS, KEY_TOKENS, PROMPT_TOKENS, REQUESTS_FINISHED,
+    TTFT,
+};
+use crate::text::StopText;
+use crate::AppState;
+
+/// QoS class of requests that give no `priority`.
+pub const DEFAULT_PRIORITY: u8 = 1;
+/// Highest QoS class (batch).
+const LOWEST_PRIORITY: i64 = 3;
+
+/// A validated request.
+#[derive(Debug)]
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    /// The QoS class it runs at: the one asked for, capped at the key's.
+    pub qos: u8,
+    /// The key it came with (none when the server has no keys).
+    pub caller: Option<Caller>,
+    pub sampling: SamplingParams,
+    pub stops: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl Job {
+    /// Checks the parameters against the model and the server's limits; `caller`'s key
+    /// caps the QoS class.
+    pub fn new(
+        state: &AppState,
+        params: GenerationParams,
+        prompt: Vec<u32>,
+        caller: Option<Caller>,
+    ) -> Result<Self, ApiError> {
+        if params.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
+        }
+        if prompt.is_empty() {
+            return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
+        }
+        let limits = &state.limits;
+        if prompt.len() > limits.max_prompt_tokens {
+            return Err(ApiError::context_exceeded(format!(
+                "the prompt has {} tokens; this server accepts at most {} (the model's context is {})",
+                prompt.len(),
+                limits.max_prompt_tokens,
+                state.model.context
+            )));
+        }
+        let room = state.model.context.saturating_sub(prompt.len());
+        let max_tokens = match params.max_completion_tokens.or(params.max_tokens) {
+            Some(0) => return Err(ApiError::invalid_param("max_tokens", "max_tokens must be at least 1")),
+            Some(m) if m > limits.max_output_tokens => {
+                return Err(ApiError::invalid_param(
+                    "max_tokens",
+                    format!("max_tokens is {m}; this server allows at most {}", limits.max_output_tokens),
+                ))
+            }
+            Some(m) if m > room => {
+                return Err(ApiError::context_exceeded(format!(
+                    "the prompt has {} tokens and max_tokens is {m}: {} in all, over the model's context of {} tokens",
+                    prompt.len(),
+                    prompt.len() + m,
+                    state.model.context
+                )))
+            }
+            Some(m) => m,
+            None if room == 0 => {
+                return Err(ApiError::context_exceeded(format!(
+                    "the prompt's {} tokens fill the model's context of {} tokens",
+                    prompt.len(),
+                    state.model.context
+                )))
+            }
+            None => room.min(limits.max_output_tokens),
+        };
+        let temperature = params.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid_param(
+                "temperature",
+                "temperature must be between 0 and 2",
+            ));
+        }
+        let top_p = params.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid_param("top_p", "top_p must be in (0, 1]"));
+        }
+        let top_k = match params.top_k.unwrap_or(0) {
+            -1 | 0 => 0,
+            k if k > 0 => k as usize,
+            _ => {
+                return Err(ApiError::invalid_param(
+                    "top_k",
+                    "top_k must be positive (0 or -1: no limit)",
+                ))
+            }
+        };
+        let asked = match params.priority {
+            None => DEFAULT_PRIORITY,
+            Some(p @ 0..=LOWEST_PRIORITY) => p as u8,
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "priority",
+                    "priority must be 0 (interactive, served first) .. 3 (batch)",
+                ))
+            }
+        };
+        let qos = match &caller {
+            Some(Caller(key)) if asked < key.class => {
+                tracing::info!(key = %key.name, asked, class = key.class, "priority capped at the key's class");
+                key.class
+            }
+            _ => asked,
+        };
+        Ok(Self {
+            prompt,
+            max_tokens,
+            qos,
+            caller,
+            sampling: SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                seed: params.seed.unwrap_or_else(rand::random),
+            },
+            stops: params.stop.map(|s| s.strings()).unwrap_or_default(),
+            stream: params.stream,
+            include_usage: params.stream_options.is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+/// What a generation produced next.
+#[derive(Debug)]
+pub enum Piece {
+    /// More text.
+    Text(String),
+    /// The end: the last text and the OpenAI finish reason (`stop` or `length`).
+    Done { text: String, reason: &'static str },
+    /// The engine failed.
+    Failed(String),
+}
+
+/// A request in the engine.
+pub struct Generation {
+    state: Arc<AppState>,
+    id: RequestId,
+    updates: UnboundedReceiver<Update>,
+    /// The queue place, held until the first token.
+    slot: Option<QueueSlot>,
+    text: StopText,
+    arrived: Instant,
+    last_token: Option<Instant>,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    done: bool,
+    caller: Option<Caller>,
+}
+
+impl Generation {
+    /// Queues `job`; refused at once when the queue is full or the engine rejects it.
+    pub async fn start(state: Arc<AppState>, job: Job, arrived: Instant) -> Result<Self, ApiError> {
+        let slot = state.queue.enter().ok_or_else(|| {
+            ApiError::overloaded(format!(
+                "the server is at its queue limit of {} waiting requests; retry later",
+                state.queue.limit()
+            ))
+        })?;
+        let (updates_tx, mut updates) = unbounded_channel();
+        let prompt_tokens = job.prompt.len();
+        let caller = job.caller;
+        let request = Request {
+            prompt: job.prompt,
+            max_tokens: job.max_tokens,
+            qos: job.qos,
+            sampling: job.sampling,
+            stop_ids: state.stop_ids.clone(),
+        };
+        state
+            .commands
+            .send(Command::Submit {
+                request,
+                updates: updates_tx,
+            })
+            .map_err(|_| ApiError::overloaded("the server is shutting down"))?;
+        let id = match updates.recv().await {
+            Some(Update::Accepted(id)) => id,
+            Some(Update::Rejected(e)) => return Err(e.into()),
+            _ => return Err(ApiError::internal("the engine stopped")),
+        };
+        counter!(PROMPT_TOKENS).increment(prompt_tokens as u64);
+        if let Some(Caller(key)) = &caller {
+            counter!(KEY_REQUESTS, "key" => key.name.clone(), "class" => job.qos.to_string())
+                .increment(1);
+        }
+        let generation = Self {
+            state,
+            id,
+            updates,
+            slot: Some(slot),
+            text: StopText::new(job.stops),
+            arrived,
+            last_token: None,
+            prompt_tokens,
+            completion_tokens: 0,
+            done: false,
+            caller,
+        };
+        generation.count_tokens(prompt_tokens);
+        Ok(generation)
+    }
+
+    /// Counts `tokens` against the caller's key (metric and token limit).
+    fn count_tokens(&self, tokens: usize) {
+        if let Some(Caller(key)) = &self.caller {
+            counter!(KEY_TOKENS, "key" => key.name.clone()).increment(tokens as u64);
+            self.state
+                .access
+                .usage
+                .add_tokens(key, tokens as u64, Instant::now());
+        }
+    }
+
+    /// Waits for the next piece of text or the end.
+    pub async fn next(&mut self) -> Piece {
+        if self.done {
+            return Piece::Failed("the generation has ended".into());
+        }
+        loop {
+            match self.updates.recv().await {
+                Some(Update::Token(token)) => {
+                    self.on_token();
+                    if self.state.stop_ids.contains(&token) {
+                        continue; // the engine ends the request with this token
+                    }
+                    let delta = self.text.push(&self.state.tokenizer, token);
+                    if self.text.stopped() {
+                        let _ = self.state.commands.send(Command::Cancel(self.id));
+                        return self.end("stop", delta);
+                    }
+                    if !delta.is_empty() {
+                        return Piece::Text(delta);
+                    }
+                }
+                Some(Update::Finished(reason)) => {
+                    let rest = self.text.finish();
+                    let reason = match reason {
+                        FinishReason::Length => "length",
+                        FinishReason::Stop | FinishReason::Cancelled => "stop",
+                    };
+                    return self.end(reason, rest);
+                }
+                Some(Update::Failed(message)) => return self.fail(message),
+                Some(Update::Accepted(_) | Update::Rejected(_)) => {}
+                None => return self.fail("the engine stopped".into()),
+            }
+        }
+    }
+
+    /// Token counts as OpenAI reports them.
+    pub fn usage(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        })
+    }
+
+    fn on_token(&mut self) {
+        let now = Instant::now();
+        match self.last_token {
+            None => {
+                histogram!(TTFT).record((now - self.arrived).as_secs_f64());
+                self.slot = None;
+            }
+            Some(prev) => histogram!(INTER_TOKEN).record((now - prev).as_secs_f64()),
+        }
+        self.last_token = Some(now);
+        self.completion_tokens += 1;
+        counter!(GENERATED_TOKENS).increment(1);
+    }
+
+    fn end(&mut self, reason: &'static str, text: String) -> Piece {
+        self.done = true;
+        self.count_tokens(self.completion_tokens);
+        self.slot = None;
+        histogram!(E2E).record(self.arrived.elapsed().as_secs_f64());
+        counter!(REQUESTS_FINISHED, "reason" => reason).increment(1);
+        tracing::info!(
+            request = self.id.0,
+            prompt_tokens = self.prompt_tokens,
+            completion_tokens = self.completion_tokens,
+            reason,
+            seconds = self.arrived.elapsed().as_secs_f64(),
+            "generation finished"
+        );
+        Piece::Done { text, reason }
+    }
+
+    fn fail(&mut self, message: String) -> Piece {
+        self.done = true;
+        self.count_tokens(self.completion_tokens);
+        counter!(REQUESTS_FINISHED, "reason" => "error").increment(1);
+        tracing::error!(request = self.id.0, %message, "generation failed");
+        Piece::Failed(message)
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if !self.done {
+            self.count_tokens(self.completion_tokens);
+            let _ = self.state.commands.send(Command::Cancel(self.id));
+            counter!(REQUESTS_FINISHED, "reason" => "cancelled").increment(1);
+            tracing::info!(
+                request = self.id.0,
+                completion_tokens = self.completion_tokens,
+                "client went away; request cancelled"
+            );
+        }
+    }
+}
