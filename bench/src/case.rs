@@ -11,8 +11,8 @@ use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, SeqId, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{Logits, Model, SeqTokens};
-use fornax_engine::sampling::argmax;
-use fornax_engine::{logits_to_vec, EngineBackend};
+use fornax_engine::sampling::argmax_rows;
+use fornax_engine::EngineBackend;
 
 use crate::text_prompt;
 use fornax_options::{load_model, parse, tokenizer, ModelArgs};
@@ -38,12 +38,10 @@ struct Case<'a> {
     prompt: Vec<u32>,
 }
 
-/// Greedy next tokens from `[rows, vocab]` logits.
-fn next_tokens<B: EngineBackend>(logits: burn_tensor::Tensor<B, 2>, vocab: usize) -> Vec<[u32; 1]> {
-    logits_to_vec(logits)
-        .chunks(vocab)
-        .map(|l| [argmax(l)])
-        .collect()
+/// Each row's greedy token, chosen where the logits are (on a GPU one read-back of the
+/// ids, as the engine does, not of every logit).
+fn next_tokens<B: EngineBackend>(logits: burn_tensor::Tensor<B, 2>) -> Vec<[u32; 1]> {
+    argmax_rows(logits).into_iter().map(|t| [t]).collect()
 }
 
 impl BackendTask for Case<'_> {
@@ -52,7 +50,6 @@ impl BackendTask for Case<'_> {
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
         let a = self.args;
         let model: Model<B> = load_model::<B>(self.gguf, &device, a.model.load_options())?;
-        let vocab = model.config.vocab_size;
         let per_seq = (a.prompt_tokens + a.gen_tokens).div_ceil(BLOCK_TOKENS) + 1;
         let capacity = KvCapacity::f32_only((a.sequences + 1) * per_seq);
         let mut kv = model.new_paged_cache(capacity, TierPolicy::ALL_F32);
@@ -77,10 +74,11 @@ impl BackendTask for Case<'_> {
                 seq,
                 tokens: &self.prompt,
             }];
-            next.extend(next_tokens(
-                model.forward_batch(&batch, &mut kv, Logits::Last)?,
-                vocab,
-            ));
+            next.extend(next_tokens(model.forward_batch(
+                &batch,
+                &mut kv,
+                Logits::Last,
+            )?));
         }
         let prefill_s = t.elapsed().as_secs_f64();
         let t = Instant::now();
@@ -90,7 +88,7 @@ impl BackendTask for Case<'_> {
                 .zip(&next)
                 .map(|(&seq, tok)| SeqTokens { seq, tokens: tok })
                 .collect();
-            next = next_tokens(model.forward_batch(&batch, &mut kv, Logits::Last)?, vocab);
+            next = next_tokens(model.forward_batch(&batch, &mut kv, Logits::Last)?);
         }
         let decode_s = t.elapsed().as_secs_f64();
         let json = serde_json::json!({

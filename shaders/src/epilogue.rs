@@ -20,11 +20,14 @@ pub const SWIGLU: u32 = 2;
 /// `aux_b` at row `info[2 t + 1]`. `table[pos * head_dim + 2 i]` holds cos and the next
 /// value sin of angle `i` at `pos`.
 pub const ROPE_KV: u32 = 3;
+/// `out[t, j] = gelu(v[t, 2j]) * v[t, 2j + 1]`: GeGLU (GELU in its tanh form) over gate
+/// and up rows interleaved.
+pub const GEGLU: u32 = 4;
 
 /// Width of the output row for a product of `rows` rows under `mode`.
 pub const fn out_width(mode: u32, rows: usize, q_width: usize) -> usize {
     match mode {
-        SWIGLU => rows / 2,
+        SWIGLU | GEGLU => rows / 2,
         ROPE_KV => q_width,
         _ => rows,
     }
@@ -64,6 +67,8 @@ pub fn finish_pair(
         }
     } else if comptime!(mode == SWIGLU) {
         out[t * (rows / 2) + row / 2] = a / (1.0 + f32::exp(-a)) * b;
+    } else if comptime!(mode == GEGLU) {
+        out[t * (rows / 2) + row / 2] = gelu_tanh(a) * b;
     } else {
         let q_width = q_width as usize;
         let kv_width = kv_width as usize;
@@ -126,4 +131,12 @@ pub fn finish_product(
             out, aux_a, aux_b, info, table, t, row, rows, a, b, q_width, kv_width, head_dim, mode,
         );
     }
+}
+
+/// GELU in its tanh form, `0.5 g (1 + tanh(u))` with `u = sqrt(2 / pi) (g + 0.044715 g^3)`,
+/// written as `g / (1 + exp(-2 u))`, which is the same and has no overflow to NaN.
+#[cube]
+pub fn gelu_tanh(g: f32) -> f32 {
+    let u = 0.797_884_6 * (g + 0.044_715 * g * g * g);
+    g / (1.0 + f32::exp(-2.0 * u))
 }

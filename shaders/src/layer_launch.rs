@@ -1,12 +1,16 @@
 //! Launching the layer kernels ([`crate::layer_ops`]) on burn's CubeCL backends from burn
 //! tensors (FP32).
 
-use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
+use burn_cubecl::{
+    kernel::into_contiguous, ops::numeric::empty_device_dtype, tensor::CubeTensor, CubeRuntime,
+};
 use cubecl::prelude::*;
 
 use crate::launch::output_like;
+use crate::layer_ops::{norm_residual as norm_residual_kernel, qkv_heads as qkv_heads_kernel};
 use crate::layer_ops::{rms_norm as rms_norm_kernel, swiglu as swiglu_kernel};
 use crate::layer_ops::{ELEMENT_UNITS, NORM_UNITS};
+use crate::quant_launch::RopeKv;
 
 /// RMSNorm of each row of `x` `[rows, d]` with `weight` `[d]`: one launch.
 pub fn rms_norm<R: CubeRuntime>(
@@ -52,4 +56,117 @@ pub fn swiglu<R: CubeRuntime>(gate: CubeTensor<R>, up: CubeTensor<R>) -> CubeTen
         n as u32,
     );
     out
+}
+
+/// An RMSNorm's weight `[d]` and epsilon.
+pub struct Norm<R: CubeRuntime> {
+    pub weight: CubeTensor<R>,
+    pub eps: f32,
+}
+
+/// How [`qkv_heads`] treats the heads: RMSNorm over each query head and each key head
+/// (one epsilon for both) where given, and RoPE's pairing.
+pub struct HeadWork<R: CubeRuntime> {
+    pub norms: Option<(Norm<R>, Norm<R>)>,
+    /// Angle `i` pairs dimensions `i, i + head_dim / 2` (else `2 i, 2 i + 1`).
+    pub neox: bool,
+}
+
+/// A one-element FP32 placeholder for an array a kernel variant does not read.
+fn placeholder<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
+    empty_device_dtype(
+        like.client.clone(),
+        like.device.clone(),
+        [1].into(),
+        like.dtype,
+    )
+}
+
+/// Q with RoPE from `qkv` `[tokens, q_width + 2 kv_width]` (`[q | k | v]`), the head
+/// norms applied first where `work` has them; K with RoPE and V written into the arenas
+/// of `to` (whose `table` is laid out for both pairings alike). One launch, a cube per
+/// head and token.
+pub fn qkv_heads<R: CubeRuntime>(
+    qkv: CubeTensor<R>,
+    to: RopeKv<R>,
+    work: HeadWork<R>,
+) -> CubeTensor<R> {
+    let qkv = into_contiguous(qkv);
+    let tokens = qkv.meta.shape()[0];
+    let out = empty_device_dtype(
+        qkv.client.clone(),
+        qkv.device.clone(),
+        [tokens, to.q_width].into(),
+        qkv.dtype,
+    );
+    if tokens == 0 {
+        return out;
+    }
+    let (heads, kv_heads) = (to.q_width / to.head_dim, to.kv_width / to.head_dim);
+    let normed = work.norms.is_some();
+    let (q_norm, k_norm, eps) = match work.norms {
+        Some((q, k)) => (into_contiguous(q.weight), into_contiguous(k.weight), q.eps),
+        None => (placeholder(&qkv), placeholder(&qkv), 0.0),
+    };
+    qkv_heads_kernel::launch::<R>(
+        &qkv.client.clone(),
+        CubeCount::Static((heads + kv_heads) as u32, tokens as u32, 1),
+        CubeDim::new_1d(NORM_UNITS as u32),
+        qkv.into_array_arg(),
+        q_norm.into_array_arg(),
+        k_norm.into_array_arg(),
+        out.clone().into_array_arg(),
+        to.keys.into_array_arg(),
+        to.values.into_array_arg(),
+        into_contiguous(to.info).into_array_arg(),
+        into_contiguous(to.table).into_array_arg(),
+        heads as u32,
+        kv_heads as u32,
+        to.head_dim as u32,
+        eps,
+        normed,
+        work.neox,
+    );
+    out
+}
+
+/// `h = residual + rms(a) * post` over each row of `a` `[rows, d]`, and with `next` also
+/// `rms(h) * next`: one launch.
+pub fn norm_residual<R: CubeRuntime>(
+    a: CubeTensor<R>,
+    post: Norm<R>,
+    residual: CubeTensor<R>,
+    next: Option<Norm<R>>,
+) -> (CubeTensor<R>, Option<CubeTensor<R>>) {
+    let a = into_contiguous(a);
+    let shape = a.meta.shape().clone();
+    let (rows, d) = (shape[0], shape[1]);
+    let h = output_like(&a);
+    let n = match next {
+        Some(_) => output_like(&a),
+        None => placeholder(&a),
+    };
+    let then_norm = next.is_some();
+    if rows > 0 {
+        let (next_weight, next_eps) = match next {
+            Some(norm) => (into_contiguous(norm.weight), norm.eps),
+            None => (placeholder(&a), 0.0),
+        };
+        norm_residual_kernel::launch::<R>(
+            &a.client.clone(),
+            CubeCount::Static(rows as u32, 1, 1),
+            CubeDim::new_1d(NORM_UNITS as u32),
+            a.into_array_arg(),
+            into_contiguous(residual).into_array_arg(),
+            into_contiguous(post.weight).into_array_arg(),
+            next_weight.into_array_arg(),
+            h.clone().into_array_arg(),
+            n.clone().into_array_arg(),
+            d as u32,
+            post.eps,
+            next_eps,
+            then_norm,
+        );
+    }
+    (h, then_norm.then_some(n))
 }

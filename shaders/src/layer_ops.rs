@@ -1,5 +1,7 @@
-//! A layer's element-wise parts as single kernels: RMSNorm (burn runs six operations) and
-//! SwiGLU's gate `silu(gate) * up` (burn runs four or more).
+//! A layer's element-wise parts as single kernels: RMSNorm (burn runs six operations),
+//! SwiGLU's gate `silu(gate) * up` (burn runs four or more), and for blocks the product
+//! epilogues cannot finish (Gemma's) the per-head norms with RoPE and the KV write, and a
+//! norm of a block's output with its residual add and the next norm.
 
 use cubecl::prelude::*;
 
@@ -30,6 +32,28 @@ pub fn cube_sum(
     partial[0]
 }
 
+/// `1 / sqrt(mean(x[base..base + n]^2) + eps)`, the units of the cube striding the
+/// slice and meeting in `partial` (`NORM_UNITS` long). Every unit gets it.
+#[cube]
+pub fn inverse_rms(
+    x: &Array<f32>,
+    base: usize,
+    n: usize,
+    eps: f32,
+    partial: &mut SharedMemory<f32>,
+    unit: usize,
+) -> f32 {
+    let mut sum = 0.0;
+    let mut i = unit;
+    while i < n {
+        let v = x[base + i];
+        sum += v * v;
+        i += NORM_UNITS;
+    }
+    let total = cube_sum(partial, unit, sum, NORM_UNITS);
+    1.0 / f32::sqrt(total / f32::cast_from(n) + eps)
+}
+
 /// RMSNorm of row `CUBE_POS_X` of `x` (`[rows, d]`):
 /// `out = x / sqrt(mean(x^2) + eps) * weight`. The units stride the row and meet in
 /// workgroup memory to sum the squares.
@@ -40,15 +64,7 @@ pub fn rms_norm(x: &Array<f32>, weight: &Array<f32>, out: &mut Array<f32>, d: u3
     let n = d as usize;
     let base = row * n;
     let mut partial = SharedMemory::<f32>::new(NORM_UNITS);
-    let mut sum = 0.0;
-    let mut i = unit;
-    while i < n {
-        let v = x[base + i];
-        sum += v * v;
-        i += NORM_UNITS;
-    }
-    let total = cube_sum(&mut partial, unit, sum, NORM_UNITS);
-    let inv = 1.0 / f32::sqrt(total / f32::cast_from(d) + eps);
+    let inv = inverse_rms(x, base, n, eps, &mut partial, unit);
     let mut i = unit;
     while i < n {
         out[base + i] = x[base + i] * inv * weight[i];
@@ -63,5 +79,134 @@ pub fn swiglu(gate: &Array<f32>, up: &Array<f32>, out: &mut Array<f32>, n: u32) 
     if i < n as usize {
         let g = gate[i];
         out[i] = g / (1.0 + f32::exp(-g)) * up[i];
+    }
+}
+
+/// Head `CUBE_POS_X` (of `heads` query heads then `kv_heads` key heads) of token
+/// `CUBE_POS_Y`'s row of `qkv` (`[tokens, (heads + 2 kv_heads) head_dim]`, `[q | k | v]`):
+/// RMSNorm over the head with `q_norm` or `k_norm` when `normed`, then RoPE at position
+/// `info[2 t]` (`table[pos * head_dim + 2 i]` cos and the next value sin of angle `i`;
+/// angle `i` pairs dimensions `2 i, 2 i + 1`, or `i, i + head_dim / 2` when `neox`). Query
+/// heads go to `out` (`[tokens, heads * head_dim]`); a key head goes to the FP32 arena
+/// `keys` at row `info[2 t + 1]`, and its value head, as it is, to `values`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_heads(
+    qkv: &Array<f32>,
+    q_norm: &Array<f32>,
+    k_norm: &Array<f32>,
+    out: &mut Array<f32>,
+    keys: &mut Array<f32>,
+    values: &mut Array<f32>,
+    info: &Array<u32>,
+    table: &Array<f32>,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    eps: f32,
+    #[comptime] normed: bool,
+    #[comptime] neox: bool,
+) {
+    let head = CUBE_POS_X as usize;
+    let t = CUBE_POS_Y as usize;
+    let unit = UNIT_POS_X as usize;
+    let hd = head_dim as usize;
+    let heads = heads as usize;
+    let q_width = heads * hd;
+    let kv_width = kv_heads as usize * hd;
+    let src = t * (q_width + 2 * kv_width) + head * hd;
+    let is_query = head < heads;
+    let kv_head = head - select(is_query, head, heads);
+    let pos = info[2 * t] as usize;
+    let slot = info[2 * t + 1] as usize;
+    let mut partial = SharedMemory::<f32>::new(NORM_UNITS);
+    let mut scale = f32::new(1.0);
+    if comptime!(normed) {
+        scale = inverse_rms(qkv, src, hd, eps, &mut partial, unit);
+    }
+    let half = hd / 2;
+    let mut j = unit;
+    while j < half {
+        let mut ia = 2 * j;
+        let mut ib = 2 * j + 1;
+        if comptime!(neox) {
+            ia = j;
+            ib = j + half;
+        }
+        let mut a = qkv[src + ia] * scale;
+        let mut b = qkv[src + ib] * scale;
+        if comptime!(normed) {
+            if is_query {
+                a *= q_norm[ia];
+                b *= q_norm[ib];
+            } else {
+                a *= k_norm[ia];
+                b *= k_norm[ib];
+            }
+        }
+        let c = table[pos * hd + 2 * j];
+        let s = table[pos * hd + 2 * j + 1];
+        let ra = a * c - b * s;
+        let rb = a * s + b * c;
+        if is_query {
+            out[t * q_width + head * hd + ia] = ra;
+            out[t * q_width + head * hd + ib] = rb;
+        } else {
+            keys[slot * kv_width + kv_head * hd + ia] = ra;
+            keys[slot * kv_width + kv_head * hd + ib] = rb;
+        }
+        j += NORM_UNITS;
+    }
+    if !is_query {
+        // The value head lies a K's width after its key head.
+        let mut i = unit;
+        while i < hd {
+            values[slot * kv_width + kv_head * hd + i] = qkv[src + kv_width + i];
+            i += NORM_UNITS;
+        }
+    }
+}
+
+/// Row `CUBE_POS_X` of a block's output `a` (`[rows, d]`) normed with `post` and added
+/// to `residual`: `h = residual + rms(a) * post`; with `then_norm` also the next norm of
+/// the sum, `n = rms(h) * next`.
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+pub fn norm_residual(
+    a: &Array<f32>,
+    residual: &Array<f32>,
+    post: &Array<f32>,
+    next: &Array<f32>,
+    h: &mut Array<f32>,
+    n: &mut Array<f32>,
+    d: u32,
+    post_eps: f32,
+    next_eps: f32,
+    #[comptime] then_norm: bool,
+) {
+    let row = CUBE_POS_X as usize;
+    let unit = UNIT_POS_X as usize;
+    let width = d as usize;
+    let base = row * width;
+    let mut partial = SharedMemory::<f32>::new(NORM_UNITS);
+    let inv = inverse_rms(a, base, width, post_eps, &mut partial, unit);
+    let mut sum_h = 0.0;
+    let mut i = unit;
+    while i < width {
+        let v = residual[base + i] + a[base + i] * inv * post[i];
+        h[base + i] = v;
+        sum_h += v * v;
+        i += NORM_UNITS;
+    }
+    if comptime!(then_norm) {
+        // Every unit has read the first sum before the second overwrites it.
+        sync_cube();
+        let total_h = cube_sum(&mut partial, unit, sum_h, NORM_UNITS);
+        let inv_h = 1.0 / f32::sqrt(total_h / f32::cast_from(width) + next_eps);
+        let mut i = unit;
+        while i < width {
+            n[base + i] = h[base + i] * inv_h * next[i];
+            i += NORM_UNITS;
+        }
     }
 }

@@ -7,7 +7,7 @@ use cubecl::features::Plane;
 use cubecl::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use crate::epilogue::{finish_product, out_width, RESIDUAL, ROPE_KV, STORE, SWIGLU};
+use crate::epilogue::{finish_product, out_width, GEGLU, RESIDUAL, ROPE_KV, STORE, SWIGLU};
 use crate::quant_matmul::{
     quant_matmul, quant_matvec, quant_rows, MATVEC_MAX_TOKENS, QBLOCK, TILE_ROWS, TILE_TOKENS,
     TILE_UNITS, VECTOR,
@@ -276,6 +276,8 @@ pub enum Epilogue<R: CubeRuntime> {
     Residual(CubeTensor<R>),
     /// SwiGLU over gate and up rows interleaved: `[tokens, rows / 2]`.
     Swiglu,
+    /// GeGLU over gate and up rows interleaved: `[tokens, rows / 2]`.
+    Geglu,
     /// RoPE, Q out and K, V into the KV arenas: `[tokens, q_width]`.
     RopeKv(RopeKv<R>),
 }
@@ -309,6 +311,7 @@ impl<R: CubeRuntime> Epilogue<R> {
             Epilogue::Store => none(STORE, f32s()),
             Epilogue::Residual(r) => none(RESIDUAL, into_contiguous(r)),
             Epilogue::Swiglu => none(SWIGLU, f32s()),
+            Epilogue::Geglu => none(GEGLU, f32s()),
             Epilogue::RopeKv(r) => EpilogueArgs {
                 mode: ROPE_KV,
                 aux_a: r.keys,
@@ -332,6 +335,7 @@ impl<R: CubeRuntime> Epilogue<R> {
             Epilogue::Store => STORE,
             Epilogue::Residual(_) => RESIDUAL,
             Epilogue::Swiglu => SWIGLU,
+            Epilogue::Geglu => GEGLU,
             Epilogue::RopeKv(_) => ROPE_KV,
         }
     }

@@ -178,6 +178,36 @@ impl GgmlType {
     }
 }
 
+impl GgmlType {
+    /// `bytes` (whole blocks of this type) as Q8_0 blocks of the same values, where that
+    /// is exact: Q4_0's and Q5_0's codes less their offset fit a signed byte under the
+    /// same scale. `None` for the other types.
+    pub fn widened_to_q8_0(self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let b_bytes = self.block_bytes() as usize;
+        let mut out = Vec::with_capacity(bytes.len() / b_bytes * 34);
+        let mut codes = [0.0f32; 32];
+        for b in bytes.chunks_exact(b_bytes) {
+            match self {
+                Self::Q8_0 => codes
+                    .iter_mut()
+                    .zip(&b[2..34])
+                    .for_each(|(c, &q)| *c = f32::from(q as i8)),
+                Self::Q4_0 => {
+                    for (j, &q) in b[2..18].iter().enumerate() {
+                        codes[j] = f32::from(q & 0x0f) - 8.0;
+                        codes[j + 16] = f32::from(q >> 4) - 8.0;
+                    }
+                }
+                Self::Q5_0 => fifth_bits(&b[2..6], &b[6..22], &mut codes, |q| q - 16.0),
+                _ => return None,
+            }
+            out.extend_from_slice(&b[..2]);
+            out.extend(codes.iter().map(|&c| c as i8 as u8));
+        }
+        Some(out)
+    }
+}
+
 /// The IEEE half at byte `at` of `b`.
 pub(super) fn half(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
@@ -198,6 +228,32 @@ fn fifth_bits(high: &[u8], low: &[u8], o: &mut [f32], value: impl Fn(f32) -> f32
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Q4_0 and Q5_0 blocks widened to Q8_0 decode to exactly the same values; the
+    /// types with a minimum or super-blocks are refused.
+    #[test]
+    fn q4_0_and_q5_0_widen_to_q8_0_exactly() {
+        let mut state = 7u32;
+        let mut byte = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 24) as u8
+        };
+        for ty in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+            let mut bytes = Vec::new();
+            for block in 0..6 {
+                let d = f16::from_f32(0.01 + block as f32 * 0.37);
+                bytes.extend(d.to_le_bytes());
+                bytes.extend((2..ty.block_bytes()).map(|_| byte()));
+            }
+            let wide = ty.widened_to_q8_0(&bytes).expect("widens");
+            let (mut want, mut got) = ([0.0f32; 192], [0.0f32; 192]);
+            ty.dequantize(&bytes, &mut want);
+            GgmlType::Q8_0.dequantize(&wide, &mut got);
+            assert_eq!(got, want, "{ty:?}");
+        }
+        assert!(GgmlType::Q4_1.widened_to_q8_0(&[0; 20]).is_none());
+        assert!(GgmlType::Q4_K.widened_to_q8_0(&[0; 144]).is_none());
+    }
 
     #[test]
     fn q4_1_block_decodes_low_then_high_nibbles() {

@@ -112,7 +112,11 @@ impl<B: EngineBackend> Attention<B> {
 }
 
 /// `norm` over each of the `heads` heads of every row of `x` `[rows, heads * head_dim]`.
-fn per_head<B: LayerOps>(norm: &RmsNorm<B>, x: Tensor<B, 2>, heads: usize) -> Tensor<B, 2> {
+pub(crate) fn per_head<B: LayerOps>(
+    norm: &RmsNorm<B>,
+    x: Tensor<B, 2>,
+    heads: usize,
+) -> Tensor<B, 2> {
     let [rows, width] = x.dims();
     norm.forward(x.reshape([rows * heads, width / heads]))
         .reshape([rows, width])

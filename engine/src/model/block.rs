@@ -4,7 +4,7 @@
 use crate::EngineBackend;
 use burn_tensor::{backend::Backend, Tensor};
 
-use super::{Activation, Attention, KvCache, Mlp, QkvTarget, RmsNorm, Rope, Rows};
+use super::{Attention, KvCache, Mlp, QkvTarget, RmsNorm, Rope, Rows};
 use crate::kv::{PagedBatch, PagedKv};
 use crate::quant::QuantMatrix;
 
@@ -53,14 +53,13 @@ impl<B: EngineBackend> Block<B> {
         batch: &PagedBatch<B>,
         layer: usize,
     ) -> Tensor<B, 2> {
-        let fits = batch.fused && rope.pairs().is_some();
-        match self.fused_weights().filter(|_| fits) {
+        match self.fused_weights().filter(|_| batch.fused) {
             Some(w) => self.forward_fused(x, &w, rope, kv, batch, layer),
             None => self.residuals(x, |n| self.attn.forward_paged(n, rope, kv, batch, layer)),
         }
     }
 
-    /// The block in seven operations (see [`FusedOps`]).
+    /// The block in seven operations (Llama's) or nine (Gemma's; see [`FusedOps`]).
     fn forward_fused(
         &self,
         x: Tensor<B, 2>,
@@ -73,6 +72,7 @@ impl<B: EngineBackend> Block<B> {
         let batch = batch.for_layer(kv.is_sliding(layer));
         let shape = self.attn.paged_shape(batch);
         let to = QkvTarget {
+            head_norms: self.attn.head_norms.as_ref(),
             rope,
             store: kv.store_mut(layer),
             layer,
@@ -81,21 +81,29 @@ impl<B: EngineBackend> Block<B> {
         };
         let q = B::qkv_rope_kv(self.attn_norm.forward(x.clone()), w.qkv, to);
         let attended = B::paged_attention(q, kv.store(layer).layer(layer), batch, shape);
-        let h = B::matmul_residual(attended, w.o, x);
-        let gated = B::gate_up_swiglu(self.ffn_norm.forward(h.clone()), w.gate_up);
-        B::matmul_residual(gated, w.down, h)
+        let (h, normed) = match &self.post_norms {
+            Some((after_attn, _)) => {
+                let a = B::quant_matmul(attended, w.o);
+                let (h, n) = B::norm_residual(a, after_attn, x, Some(&self.ffn_norm));
+                (h, n.expect("the FFN's norm"))
+            }
+            None => {
+                let h = B::matmul_residual(attended, w.o, x);
+                (h.clone(), self.ffn_norm.forward(h))
+            }
+        };
+        let gated = B::gate_up_gated(normed, w.gate_up, self.mlp.activation);
+        match &self.post_norms {
+            Some((_, after_ffn)) => {
+                let f = B::quant_matmul(gated, w.down);
+                B::norm_residual(f, after_ffn, h, None).0
+            }
+            None => B::matmul_residual(gated, w.down, h),
+        }
     }
 
-    /// The matrices as the fused kernels take them, if they are joined and quantized and
-    /// the block is one the kernels run (Llama's: no head or post norms, SwiGLU, no window).
+    /// The matrices as the fused kernels take them, if they are joined and quantized.
     fn fused_weights(&self) -> Option<FusedWeights<'_, B>> {
-        if self.post_norms.is_some()
-            || self.attn.head_norms.is_some()
-            || self.attn.window.is_some()
-            || self.mlp.activation != Activation::Silu
-        {
-            return None;
-        }
         let (qkv, Rows::Stacked) = self.attn.qkv.joined()? else {
             return None;
         };

@@ -1,23 +1,30 @@
 //! A layer as few kernels: products whose epilogue does the layer's element-wise work.
 //! With Q, K and V joined (`[q | k | v]` rows) and gate and up joined (rows interleaved), a
-//! decoder block is seven dispatches on CubeCL backends: RMSNorm, the QKV product with
+//! Llama block is seven dispatches on CubeCL backends: RMSNorm, the QKV product with
 //! RoPE and the KV write, attention, the O product with the residual add, RMSNorm, the
 //! gate-up product with SwiGLU, the down product with the residual add
-//! (`fornax_shaders::epilogue`). The defaults are the same work as separate operations.
+//! (`fornax_shaders::epilogue`). A Gemma block is nine: its head norms (and NeoX RoPE) take
+//! a kernel after the QKV product, and each post norm one kernel with its residual add, the
+//! one after attention with the FFN's norm too (`fornax_shaders::layer_ops`). The defaults
+//! are the same work as separate operations.
 
 use burn_cubecl::{tensor::CubeTensor, BoolElement, CubeBackend, CubeRuntime};
 use burn_cubecl::{FloatElement, IntElement};
 use burn_tensor::{backend::Backend, Tensor, TensorPrimitive};
+use fornax_shaders::layer_launch::{self, HeadWork, Norm};
 use fornax_shaders::quant_launch::{self, Epilogue, RopeKv};
 
+use super::attention::per_head;
 use super::joint::split;
-use super::{LayerOps, Rope, Rows};
+use super::{Activation, LayerOps, RmsNorm, Rope, RopeStyle, Rows};
 use crate::kv::{AttentionShape, KvStore, PagedBatch};
 use crate::quant::{by_dequantized_rows, quant_tensors, QuantMatrix, QuantOps};
 
-/// Where the QKV product's results go: RoPE from `rope`, K and V into `store`'s FP32
-/// arenas of `layer` at the rows `batch` reserved.
+/// Where the QKV product's results go: the query and key head norms where the block has
+/// them, RoPE from `rope`, K and V into `store`'s FP32 arenas of `layer` at the rows
+/// `batch` reserved.
 pub struct QkvTarget<'a, B: Backend> {
+    pub head_norms: Option<&'a (RmsNorm<B>, RmsNorm<B>)>,
     pub rope: &'a Rope<B>,
     pub store: &'a mut KvStore<B>,
     pub layer: usize,
@@ -38,7 +45,7 @@ pub trait FusedOps: QuantOps + LayerOps {
     }
 
     /// Q with RoPE from `x @ [Wq | Wk | Wv]^T` (`w` stacked); K with RoPE and V written
-    /// into the KV arenas.
+    /// into the KV arenas; the head norms before RoPE where `to` has them.
     fn qkv_rope_kv(
         x: Tensor<Self, 2>,
         w: &QuantMatrix<Self>,
@@ -51,6 +58,13 @@ pub trait FusedOps: QuantOps + LayerOps {
             split(Self::quant_matmul(x, w), &widths, Rows::Stacked)
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("Q, K and V"));
+        let (q, k) = match to.head_norms {
+            Some((qn, kn)) => (
+                per_head(qn, q, to.shape.n_heads),
+                per_head(kn, k, to.shape.n_kv_heads),
+            ),
+            None => (q, k),
+        };
         let positions = to.batch.positions.clone();
         let k = Self::rope_rows(k, to.shape.n_kv_heads, positions.clone(), to.rope);
         to.store.write(to.layer, to.batch.write_rows.clone(), k, v);
@@ -66,14 +80,34 @@ pub trait FusedOps: QuantOps + LayerOps {
         residual + Self::quant_matmul(x, w)
     }
 
-    /// `silu(gate) * up` from `x @ W^T` with gate and up rows interleaved in `w`.
-    fn gate_up_swiglu(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
+    /// `act(gate) * up` from `x @ W^T` with gate and up rows interleaved in `w`.
+    fn gate_up_gated(
+        x: Tensor<Self, 2>,
+        w: &QuantMatrix<Self>,
+        activation: Activation,
+    ) -> Tensor<Self, 2> {
         let out = Self::quant_matmul(x, w);
         let half = out.dims()[1] / 2;
         let [gate, up]: [Tensor<Self, 2>; 2] = split(out, &[half, half], Rows::Interleaved)
             .try_into()
             .unwrap_or_else(|_| unreachable!("gate and up"));
-        Self::swiglu(gate, up)
+        match activation {
+            Activation::Silu => Self::swiglu(gate, up),
+            Activation::GeluTanh => Self::geglu(gate, up),
+        }
+    }
+
+    /// `h = residual + post(a)`, and `next(h)` where given (a post norm, its residual add
+    /// and the following pre-norm).
+    fn norm_residual(
+        a: Tensor<Self, 2>,
+        post: &RmsNorm<Self>,
+        residual: Tensor<Self, 2>,
+        next: Option<&RmsNorm<Self>>,
+    ) -> (Tensor<Self, 2>, Option<Tensor<Self, 2>>) {
+        let h = residual + post.forward(a);
+        let n = next.map(|norm| norm.forward(h.clone()));
+        (h, n)
     }
 }
 
@@ -87,6 +121,20 @@ where
     BT: BoolElement,
 {
     t.into_primitive().tensor()
+}
+
+/// An RMSNorm as the layer kernels take it.
+fn norm<R, F, I, BT>(n: &RmsNorm<CubeBackend<R, F, I, BT>>) -> Norm<R>
+where
+    R: CubeRuntime,
+    F: FloatElement,
+    I: IntElement,
+    BT: BoolElement,
+{
+    Norm {
+        weight: n.weight.clone().into_primitive().tensor(),
+        eps: n.eps as f32,
+    }
 }
 
 /// `x @ W^T` with `epilogue` in one kernel; on devices that multiply many tokens as FP32
@@ -133,21 +181,26 @@ where
         to: QkvTarget<'_, Self>,
     ) -> Tensor<Self, 2> {
         let (keys, values) = to.store.f32_arenas(to.layer);
-        let epilogue = Epilogue::RopeKv(RopeKv {
+        let target = RopeKv {
             keys: float(keys.clone()),
             values: float(values.clone()),
             info: to.batch.rope_rows.clone().into_primitive(),
-            table: float(
-                to.rope
-                    .pairs()
-                    .expect("fused blocks rotate adjacent pairs")
-                    .clone(),
-            ),
+            table: float(to.rope.pairs().clone()),
             q_width: to.shape.n_heads * to.shape.head_dim,
             kv_width: to.shape.n_kv_heads * to.shape.head_dim,
             head_dim: to.shape.head_dim,
-        });
-        product_then(x, w, epilogue)
+        };
+        let neox = to.rope.style() == RopeStyle::Neox;
+        if to.head_norms.is_none() && !neox {
+            return product_then(x, w, Epilogue::RopeKv(target));
+        }
+        let work = HeadWork {
+            norms: to.head_norms.map(|(q, k)| (norm(q), norm(k))),
+            neox,
+        };
+        let qkv = float(product_then(x, w, Epilogue::Store));
+        let q = layer_launch::qkv_heads(qkv, target, work);
+        Tensor::from_primitive(TensorPrimitive::Float(q))
     }
 
     fn matmul_residual(
@@ -158,7 +211,27 @@ where
         product_then(x, w, Epilogue::Residual(float(residual)))
     }
 
-    fn gate_up_swiglu(x: Tensor<Self, 2>, w: &QuantMatrix<Self>) -> Tensor<Self, 2> {
-        product_then(x, w, Epilogue::Swiglu)
+    fn gate_up_gated(
+        x: Tensor<Self, 2>,
+        w: &QuantMatrix<Self>,
+        activation: Activation,
+    ) -> Tensor<Self, 2> {
+        let epilogue = match activation {
+            Activation::Silu => Epilogue::Swiglu,
+            Activation::GeluTanh => Epilogue::Geglu,
+        };
+        product_then(x, w, epilogue)
+    }
+
+    fn norm_residual(
+        a: Tensor<Self, 2>,
+        post: &RmsNorm<Self>,
+        residual: Tensor<Self, 2>,
+        next: Option<&RmsNorm<Self>>,
+    ) -> (Tensor<Self, 2>, Option<Tensor<Self, 2>>) {
+        let (h, n) =
+            layer_launch::norm_residual(float(a), norm(post), float(residual), next.map(norm));
+        let tensor = |t| Tensor::from_primitive(TensorPrimitive::Float(t));
+        (tensor(h), n.map(tensor))
     }
 }

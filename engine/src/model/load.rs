@@ -7,7 +7,9 @@ use super::{
     config_from_gguf, Attention, Block, FusedOps, Joint, Linear, Mlp, Model, ModelError, Net,
     RmsNorm, Rows,
 };
-use crate::gguf::{GgufError, GgufFile};
+use std::borrow::Cow;
+
+use crate::gguf::{GgmlType, GgufError, GgufFile};
 use crate::quant::{PackedMatrix, QuantMatrix, QuantOps};
 use fornax_shaders::quant_matmul::QBLOCK;
 
@@ -171,18 +173,32 @@ impl<B: QuantOps> Loader<'_, '_, B> {
             }
             infos.push(info);
         }
-        let ty = infos[0].ggml_type;
+        // Parts of different types join as Q8_0 where each widens to it exactly (Gemma's
+        // Q4_K_M files keep Q and K in Q5_0 beside V in Q8_0 in half the layers).
+        let ty = match infos.iter().all(|i| i.ggml_type == infos[0].ggml_type) {
+            true => infos[0].ggml_type,
+            false => GgmlType::Q8_0,
+        };
         let same_width = parts.iter().all(|p| p.1 == parts[0].1);
         if !B::has_kernels_for(ty)
             || !inp.is_multiple_of(QBLOCK)
-            || infos.iter().any(|i| i.ggml_type != ty)
             || (rows == Rows::Interleaved && !same_width)
         {
             return Ok(None);
         }
+        let mut bytes: Vec<Cow<[u8]>> = Vec::with_capacity(infos.len());
+        for info in &infos {
+            let raw = self.file.tensor_bytes(info);
+            bytes.push(match info.ggml_type == ty {
+                true => Cow::Borrowed(raw),
+                false => match info.ggml_type.widened_to_q8_0(raw) {
+                    Some(wide) => Cow::Owned(wide),
+                    None => return Ok(None),
+                },
+            });
+        }
         let total: usize = parts.iter().map(|p| p.1).sum();
         let row_bytes = inp / QBLOCK * ty.block_bytes() as usize;
-        let bytes: Vec<&[u8]> = infos.iter().map(|i| self.file.tensor_bytes(i)).collect();
         let mut joined = Vec::with_capacity(total * row_bytes);
         match rows {
             Rows::Stacked => bytes.iter().for_each(|b| joined.extend_from_slice(b)),

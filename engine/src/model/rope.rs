@@ -14,11 +14,9 @@ use super::RopeStyle;
 #[derive(Debug, Clone)]
 pub struct Rope<B: Backend> {
     style: RopeStyle,
-    cos: Tensor<B, 2>,
-    sin: Tensor<B, 2>,
     /// `[max_len, head_dim]`: cos and sin of each angle side by side, as the fused
-    /// kernels read them (one binding); adjacent pairs only, which is all they run.
-    pairs: Option<Tensor<B, 2>>,
+    /// kernels read them (one binding) whichever way the style pairs dimensions.
+    pairs: Tensor<B, 2>,
     host: Arc<(Vec<f32>, Vec<f32>)>,
 }
 
@@ -43,17 +41,10 @@ impl<B: Backend> Rope<B> {
                 sin.push(angle.sin() as f32);
             }
         }
-        let table =
-            |v: &Vec<f32>| Tensor::from_data(TensorData::new(v.clone(), [max_len, half]), device);
-        let pairs = (style == RopeStyle::Adjacent).then(|| {
-            let pairs: Vec<f32> = cos.iter().zip(&sin).flat_map(|(&c, &s)| [c, s]).collect();
-            Tensor::from_data(TensorData::new(pairs, [max_len, 2 * half]), device)
-        });
+        let pairs: Vec<f32> = cos.iter().zip(&sin).flat_map(|(&c, &s)| [c, s]).collect();
         Self {
             style,
-            cos: table(&cos),
-            sin: table(&sin),
-            pairs,
+            pairs: Tensor::from_data(TensorData::new(pairs, [max_len, 2 * half]), device),
             host: Arc::new((cos, sin)),
         }
     }
@@ -68,10 +59,9 @@ impl<B: Backend> Rope<B> {
         (&self.host.0, &self.host.1)
     }
 
-    /// `[max_len, head_dim]`: cos and sin of angle `i` at columns `2 i` and `2 i + 1`
-    /// (adjacent-pair tables only).
-    pub fn pairs(&self) -> Option<&Tensor<B, 2>> {
-        self.pairs.as_ref()
+    /// `[max_len, head_dim]`: cos and sin of angle `i` at columns `2 i` and `2 i + 1`.
+    pub fn pairs(&self) -> &Tensor<B, 2> {
+        &self.pairs
     }
 
     /// Rotates `x` of shape `[rows, heads * head_dim]` whose row `r` is at `positions[r]`.
@@ -83,16 +73,20 @@ impl<B: Backend> Rope<B> {
     ) -> Tensor<B, 2> {
         let [rows, width] = x.dims();
         let half = width / heads / 2;
-        let table = |t: &Tensor<B, 2>, shape: [usize; 4]| {
-            t.clone().select(0, positions.clone()).reshape(shape)
-        };
+        let angles = self
+            .pairs
+            .clone()
+            .select(0, positions)
+            .reshape([rows, half, 2]);
+        let table =
+            |column: usize, shape: [usize; 4]| angles.clone().narrow(2, column, 1).reshape(shape);
         match self.style {
             RopeStyle::Adjacent => {
                 let shape = [rows, 1, half, 1];
                 rotate(
                     x.reshape([rows, heads, half, 2]),
-                    table(&self.cos, shape),
-                    table(&self.sin, shape),
+                    table(0, shape),
+                    table(1, shape),
                     3,
                 )
             }
@@ -100,8 +94,8 @@ impl<B: Backend> Rope<B> {
                 let shape = [rows, 1, 1, half];
                 rotate(
                     x.reshape([rows, heads, 2, half]),
-                    table(&self.cos, shape),
-                    table(&self.sin, shape),
+                    table(0, shape),
+                    table(1, shape),
                     2,
                 )
             }

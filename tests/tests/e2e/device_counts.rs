@@ -8,21 +8,24 @@ use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
 use fornax_engine::model::{LoadOptions, Logits, Model, SeqTokens};
 use fornax_engine::sampling::{argmax, argmax_rows};
+use fornax_engine::store::ModelFile;
 use fornax_engine::EngineBackend;
 
-use crate::common::{model_file, run_on, wgpu_alone};
+use crate::common::{gemma_file, model_file, run_on, wgpu_alone};
 
 /// Two greedy decode steps of the real model for `batch` sequences after an 8-token
 /// prompt each, over the paged cache (as the engine and server run), each step counted:
 /// the layer count and the steps' counts. With `tiled_steps` the steps multiply their
 /// tokens with the tiled kernel on every device ([`TiledEverywhere`]).
 struct DecodeSteps {
+    file: fn() -> &'static ModelFile,
     batch: usize,
     options: LoadOptions,
     tiled_steps: bool,
 }
 
 const ONE: DecodeSteps = DecodeSteps {
+    file: model_file,
     batch: 1,
     options: LoadOptions {
         dequantize: false,
@@ -35,7 +38,7 @@ impl BackendTask for DecodeSteps {
     type Output = (usize, [DeviceCounts; 2]);
 
     fn run<B: EngineBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
-        let gguf = GgufFile::parse(model_file().bytes()).expect("model");
+        let gguf = GgufFile::parse((self.file)().bytes()).expect("model");
         let model = Model::<B>::from_gguf_with(&gguf, &device, self.options, &mut |_, _| {})
             .expect("model");
         let capacity = KvCapacity::f32_only(2 * self.batch);
@@ -140,6 +143,39 @@ fn fused_decode_step_launches_at_most_eight_kernels_per_layer() {
             );
         }
     }
+}
+
+/// Gemma 3's blocks run fused as well: its head norms and NeoX RoPE take one kernel after
+/// the QKV product and each post norm one with its residual add, so a decode step launches
+/// 9 kernels per layer (plus at most 12 for the embedding, the final norm, the output
+/// product and the greedy choice), a quarter or less of the same step operation by
+/// operation.
+#[test]
+fn gemma_fused_decode_step_launches_at_most_nine_kernels_per_layer() {
+    let gemma = DecodeSteps {
+        file: gemma_file,
+        ..ONE
+    };
+    let reference = DecodeSteps {
+        options: LoadOptions {
+            reference_ops: true,
+            ..LoadOptions::default()
+        },
+        ..gemma
+    };
+    let (_, [_, by_operation]) = run_on(BackendKind::Wgpu, reference).expect("a wgpu adapter");
+    let (layers, [_, step]) = run_on(BackendKind::Wgpu, gemma).unwrap();
+    assert!(
+        step.dispatches <= 9 * layers as u64 + 12,
+        "{} dispatches for {layers} layers",
+        step.dispatches
+    );
+    assert!(
+        4 * step.dispatches <= by_operation.dispatches,
+        "fused {} against {} operation by operation",
+        step.dispatches,
+        by_operation.dispatches
+    );
 }
 
 /// Keeps products over many tokens on the tiled kernel for as long as it lives (for the

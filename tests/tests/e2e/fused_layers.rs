@@ -9,15 +9,16 @@
 use burn_tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
 use fornax_backends::{wgpu_device, BackendKind, BackendTask, DeviceInfo, WgpuBackend};
 use fornax_engine::gguf::{GgmlType, GgufFile};
-use fornax_engine::kv::{KvCapacity, TierPolicy};
+use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{LoadOptions, Logits, Model, Rope, RopeStyle};
 use fornax_engine::quant::format_code;
 use fornax_engine::seq_cache::{PagedSeq, SeqCache};
+use fornax_engine::store::ModelFile;
 use fornax_engine::{logits_to_vec, prefill_logits, EngineBackend};
 use fornax_shaders::quant_launch::{self, Epilogue, MatvecShape, QuantTensors, RopeKv};
 use fornax_shaders::quant_matmul::MATVEC_MAX_TOKENS;
 
-use crate::common::{model_file, read_reference, run_on, Prompts};
+use crate::common::{gemma_file, model_file, read_reference, run_on, Prompts};
 use crate::quant_kernels::{case, host, Case};
 
 type B = WgpuBackend;
@@ -170,7 +171,7 @@ fn rope_kv_epilogue_matches_separate_operations() {
                 keys: float(keys.clone()),
                 values: float(values.clone()),
                 info: ints(info.clone()).into_primitive(),
-                table: float(rope.pairs().unwrap().clone()),
+                table: float(rope.pairs().clone()),
                 q_width,
                 kv_width,
                 head_dim,
@@ -202,15 +203,19 @@ fn rope_kv_epilogue_matches_separate_operations() {
     }
 }
 
-/// The real model through the fused kernels and operation by operation, fed the same
-/// tokens: every logit of the prefill and of 8 greedy steps per reference prompt.
-struct FusedAgainstReference;
+/// A real model through the fused kernels and operation by operation, fed the same
+/// tokens: every logit of the prefill and of `steps` greedy steps per prompt.
+struct FusedAgainstReference {
+    file: fn() -> &'static ModelFile,
+    prompts: Vec<(String, Vec<u32>)>,
+    steps: usize,
+}
 
 impl BackendTask for FusedAgainstReference {
     type Output = Vec<(String, f32, Vec<u32>, Vec<u32>)>;
 
     fn run<Bk: EngineBackend>(self, device: Bk::Device, _: DeviceInfo) -> Self::Output {
-        let gguf = GgufFile::parse(model_file().bytes()).expect("model");
+        let gguf = GgufFile::parse((self.file)().bytes()).expect("model");
         let load = |reference_ops| {
             let options = LoadOptions {
                 reference_ops,
@@ -221,26 +226,22 @@ impl BackendTask for FusedAgainstReference {
         let (fused, reference) = (load(false), load(true));
         let layers = fused.config.n_layers;
         assert_eq!(
-            fused.matrices().count(),
-            1 + 4 * layers,
+            fused.matrices().count() + 3 * layers,
+            reference.matrices().count(),
             "Q, K, V and gate, up joined"
         );
-        assert_eq!(reference.matrices().count(), 1 + 7 * layers);
-        let prompts: Prompts = read_reference("prompts.json");
-        prompts
-            .prompts
+        self.prompts
             .iter()
-            .map(|p| {
+            .map(|(prompt, ids)| {
+                let blocks = (ids.len() + self.steps).div_ceil(BLOCK_TOKENS);
                 let mut caches = [&fused, &reference]
-                    .map(|m| m.new_paged_cache(KvCapacity::f32_only(4), TierPolicy::ALL_F32));
+                    .map(|m| m.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32));
                 let [kf, kr] = &mut caches;
                 let (mut sf, mut sr) = (PagedSeq::new(kf), PagedSeq::new(kr));
-                let mut lf =
-                    logits_to_vec(prefill_logits(&fused, &p.prompt_ids, &mut sf, 256).unwrap());
-                let mut lr =
-                    logits_to_vec(prefill_logits(&reference, &p.prompt_ids, &mut sr, 256).unwrap());
+                let mut lf = logits_to_vec(prefill_logits(&fused, ids, &mut sf, 256).unwrap());
+                let mut lr = logits_to_vec(prefill_logits(&reference, ids, &mut sr, 256).unwrap());
                 let (mut worst_diff, mut tf, mut tr) = (0.0f32, Vec::new(), Vec::new());
-                for _ in 0..8 {
+                for _ in 0..self.steps {
                     let diff = lf
                         .iter()
                         .zip(&lr)
@@ -256,18 +257,42 @@ impl BackendTask for FusedAgainstReference {
                     lf = logits_to_vec(sf.forward(&fused, &[a], Logits::Last).unwrap());
                     lr = logits_to_vec(sr.forward(&reference, &[a], Logits::Last).unwrap());
                 }
-                (p.prompt.clone(), worst_diff, tf, tr)
+                (prompt.clone(), worst_diff, tf, tr)
             })
             .collect()
     }
 }
 
-#[test]
-fn real_model_fused_matches_reference_ops() {
-    let results = run_on(BackendKind::Wgpu, FusedAgainstReference).expect("a wgpu adapter");
+fn fused_matches_reference_ops(task: FusedAgainstReference) {
+    let results = run_on(BackendKind::Wgpu, task).expect("a wgpu adapter");
     for (prompt, diff, fused, reference) in results {
         eprintln!("{prompt:?}: worst logit difference {diff:.2e}, tokens {fused:?}");
         assert!(diff <= 1e-3, "{prompt:?}: logits differ by {diff}");
         assert_eq!(fused, reference, "{prompt:?}: greedy tokens");
     }
+}
+
+#[test]
+fn real_model_fused_matches_reference_ops() {
+    let prompts: Prompts = read_reference("prompts.json");
+    fused_matches_reference_ops(FusedAgainstReference {
+        file: model_file,
+        prompts: prompts
+            .prompts
+            .into_iter()
+            .map(|p| (p.prompt, p.prompt_ids))
+            .collect(),
+        steps: 8,
+    });
+}
+
+/// Gemma 3's blocks (head norms, NeoX RoPE, post norms, GeGLU, windowed layers) through
+/// the fused kernels against the same file operation by operation.
+#[test]
+fn gemma_fused_matches_reference_ops() {
+    fused_matches_reference_ops(FusedAgainstReference {
+        file: gemma_file,
+        prompts: crate::gemma3::prompt_ids().into_iter().take(3).collect(),
+        steps: 8,
+    });
 }

@@ -69,6 +69,15 @@ fn reference() -> Reference {
     read_reference("gemma3/llama_cpp.json")
 }
 
+/// The reference prompts, each with its ids (BOS first).
+pub(crate) fn prompt_ids() -> Vec<(String, Vec<u32>)> {
+    reference()
+        .prompts
+        .into_iter()
+        .map(|p| (p.prompt, p.ids))
+        .collect()
+}
+
 #[test]
 fn tokenizer_matches_llama_cpp() {
     let gguf = GgufFile::parse(gemma_file().bytes()).unwrap();
