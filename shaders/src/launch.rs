@@ -1,10 +1,9 @@
 //! Launching the kernels on burn's CubeCL backends (wgpu, CUDA) from burn tensors.
 
-use burn_cubecl::{
-    kernel::into_contiguous, ops::numeric::empty_device_dtype, tensor::CubeTensor, CubeRuntime,
-};
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
+use crate::alloc::output_like;
 use crate::paged_attention::{
     paged_decode, paged_decode_unit_keys, paged_prefill, F32Rows, F32RowsLaunch, TierArenas,
     TierArenasLaunch, BLOCK_TOKENS, UNIT_KEYS_UNITS,
@@ -103,16 +102,6 @@ impl AttentionShape {
     fn window_arg(&self) -> u32 {
         self.window.map_or(0, |w| w as u32)
     }
-}
-
-/// An uninitialised tensor of `q`'s shape and dtype on its device.
-pub(crate) fn output_like<R: CubeRuntime>(q: &CubeTensor<R>) -> CubeTensor<R> {
-    empty_device_dtype(
-        q.client.clone(),
-        q.device.clone(),
-        q.meta.shape().clone(),
-        q.dtype,
-    )
 }
 
 /// Which decode attention kernel a launch runs.

@@ -1,12 +1,10 @@
 //! Launching the layer kernels ([`crate::layer_ops`]) on burn's CubeCL backends from burn
 //! tensors (FP32).
 
-use burn_cubecl::{
-    kernel::into_contiguous, ops::numeric::empty_device_dtype, tensor::CubeTensor, CubeRuntime,
-};
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
-use crate::launch::output_like;
+use crate::alloc::{empty_on, output_like, placeholder};
 use crate::layer_ops::{norm_residual as norm_residual_kernel, qkv_heads as qkv_heads_kernel};
 use crate::layer_ops::{rms_norm as rms_norm_kernel, swiglu as swiglu_kernel};
 use crate::layer_ops::{ELEMENT_UNITS, NORM_UNITS};
@@ -72,16 +70,6 @@ pub struct HeadWork<R: CubeRuntime> {
     pub neox: bool,
 }
 
-/// A one-element FP32 placeholder for an array a kernel variant does not read.
-fn placeholder<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
-    empty_device_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        [1].into(),
-        like.dtype,
-    )
-}
-
 /// Q with RoPE from `qkv` `[tokens, q_width + 2 kv_width]` (`[q | k | v]`), the head
 /// norms applied first where `work` has them; K with RoPE and V written into the arenas
 /// of `to` (whose `table` is laid out for both pairings alike). One launch, a cube per
@@ -93,12 +81,7 @@ pub fn qkv_heads<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let qkv = into_contiguous(qkv);
     let tokens = qkv.meta.shape()[0];
-    let out = empty_device_dtype(
-        qkv.client.clone(),
-        qkv.device.clone(),
-        [tokens, to.q_width].into(),
-        qkv.dtype,
-    );
+    let out = empty_on(&qkv, [tokens, to.q_width], qkv.dtype);
     if tokens == 0 {
         return out;
     }
@@ -142,16 +125,12 @@ pub fn norm_residual<R: CubeRuntime>(
     let shape = a.meta.shape().clone();
     let (rows, d) = (shape[0], shape[1]);
     let h = output_like(&a);
-    let n = match next {
-        Some(_) => output_like(&a),
-        None => placeholder(&a),
-    };
     let then_norm = next.is_some();
+    let (n, next_weight, next_eps) = match next {
+        Some(norm) => (output_like(&a), into_contiguous(norm.weight), norm.eps),
+        None => (placeholder(&a), placeholder(&a), 0.0),
+    };
     if rows > 0 {
-        let (next_weight, next_eps) = match next {
-            Some(norm) => (into_contiguous(norm.weight), norm.eps),
-            None => (placeholder(&a), 0.0),
-        };
         norm_residual_kernel::launch::<R>(
             &a.client.clone(),
             CubeCount::Static(rows as u32, 1, 1),

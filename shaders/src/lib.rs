@@ -1,6 +1,7 @@
 //! Kernels of Fornax, written once in CubeCL: burn compiles them to WGSL for wgpu (lavapipe
 //! here, WebGPU in the browser) and to CUDA for burn-cuda.
 
+mod alloc;
 pub mod epilogue;
 pub mod launch;
 pub mod layer_launch;

@@ -1,12 +1,11 @@
 //! Launching the quantized-weight kernels on burn's CubeCL backends from burn tensors.
 
-use burn_cubecl::{
-    kernel::into_contiguous, ops::numeric::empty_device_dtype, tensor::CubeTensor, CubeRuntime,
-};
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::features::Plane;
 use cubecl::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use crate::alloc::{empty_on, placeholder};
 use crate::epilogue::{finish_product, out_width, GEGLU, RESIDUAL, ROPE_KV, STORE, SWIGLU};
 use crate::quant_matmul::{
     quant_matmul, quant_matvec, quant_rows, MATVEC_MAX_TOKENS, QBLOCK, TILE_ROWS, TILE_TOKENS,
@@ -239,12 +238,7 @@ pub fn dequantize_for_many<R: CubeRuntime>(client: &ComputeClient<R>, tokens: us
 }
 
 fn output<R: CubeRuntime>(like: &CubeTensor<R>, shape: [usize; 2]) -> CubeTensor<R> {
-    empty_device_dtype(
-        like.client.clone(),
-        like.device.clone(),
-        shape.into(),
-        like.dtype,
-    )
+    empty_on(like, shape, like.dtype)
 }
 
 /// Where Q, K and V go after a product over `[q | k | v]` rows (see
@@ -296,14 +290,12 @@ impl<R: CubeRuntime> Epilogue<R> {
     /// Arguments for a launch whose output is like `like`; unused arrays are one-element
     /// placeholders.
     fn args(self, like: &CubeTensor<R>) -> EpilogueArgs<R> {
-        let placeholder =
-            |dtype| empty_device_dtype(like.client.clone(), like.device.clone(), [1].into(), dtype);
-        let f32s = || placeholder(like.dtype);
+        let f32s = || placeholder(like);
         let none = |mode, aux_a| EpilogueArgs {
             mode,
             aux_a,
             aux_b: f32s(),
-            info: placeholder(burn_backend::DType::U32),
+            info: empty_on(like, [1], burn_backend::DType::U32),
             table: f32s(),
             sizes: [0; 3],
         };

@@ -1,10 +1,9 @@
 //! Launching the sampling kernel ([`crate::sampling`]) from burn tensors.
 
-use burn_cubecl::{
-    kernel::into_contiguous, ops::numeric::empty_device_dtype, tensor::CubeTensor, CubeRuntime,
-};
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
+use crate::alloc::empty_on;
 use crate::sampling::{sample_rows, SAMPLE_UNITS};
 
 /// The token of each row of `logits` `[rows, vocab]` (FP32) under `params` `[rows * 4]`
@@ -16,12 +15,7 @@ pub fn sample<R: CubeRuntime>(
 ) -> CubeTensor<R> {
     let logits = into_contiguous(logits);
     let [rows, vocab] = [logits.meta.shape()[0], logits.meta.shape()[1]];
-    let out = empty_device_dtype(
-        logits.client.clone(),
-        logits.device.clone(),
-        [rows].into(),
-        id_dtype,
-    );
+    let out = empty_on(&logits, [rows], id_dtype);
     if rows == 0 {
         return out;
     }

@@ -25,11 +25,13 @@ type B = WgpuBackend;
 type R = burn_wgpu::WgpuRuntime;
 type CubeTensor = burn_cubecl::tensor::CubeTensor<R>;
 
-fn float(t: Tensor<B, 2>) -> CubeTensor {
+/// A float tensor as the launchers take it.
+pub(crate) fn float<const D: usize>(t: Tensor<B, D>) -> CubeTensor {
     t.into_primitive().tensor()
 }
 
-fn tensor(t: CubeTensor) -> Tensor<B, 2> {
+/// A launcher's output as a float tensor.
+pub(crate) fn tensor(t: CubeTensor) -> Tensor<B, 2> {
     Tensor::from_primitive(TensorPrimitive::Float(t))
 }
 

@@ -2,23 +2,16 @@
 //! reference path) on random data of odd sizes, and their dispatch counts: one launch each.
 
 use burn_tensor::activation::silu;
-use burn_tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
+use burn_tensor::{Distribution, Int, Tensor, TensorData};
 use fornax_backends::{wgpu_device, WgpuBackend};
 use fornax_engine::device_counts::counted;
 use fornax_engine::model::{reference_rms_norm, LayerOps, Rope, RopeStyle};
 use fornax_shaders::layer_launch::{self, HeadWork, Norm};
 use fornax_shaders::quant_launch::RopeKv;
 
+use crate::fused_layers::{float, tensor};
+
 type B = WgpuBackend;
-type R = burn_wgpu::WgpuRuntime;
-
-fn float<const D: usize>(t: Tensor<B, D>) -> burn_cubecl::tensor::CubeTensor<R> {
-    t.into_primitive().tensor()
-}
-
-fn tensor(t: burn_cubecl::tensor::CubeTensor<R>) -> Tensor<B, 2> {
-    Tensor::from_primitive(TensorPrimitive::Float(t))
-}
 
 /// Largest `|a - b|` over `max(1, |b|)`.
 fn worst_relative(a: Tensor<B, 2>, b: Tensor<B, 2>) -> f32 {
