@@ -15,7 +15,7 @@ fn matrix(rows: usize, cols: usize, seed: usize) -> InterleavedWeights {
         .map(|i| 0x2000 + ((i + seed) % 512) as u16)
         .collect();
     InterleavedWeights::new(
-        &QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales).unwrap(),
+        &QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales, &[]).unwrap(),
     )
 }
 

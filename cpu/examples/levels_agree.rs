@@ -29,20 +29,37 @@ fn main() {
     let mut rng = Lcg(7);
     let mut checked = 0;
     for format in QuantFormat::ALL {
-        for (rows, cols, tokens) in [(1, 32, 1), (37, 96, 3), (70, 160, 9), (64, 1536, 6)] {
+        for (rows, cols, tokens) in [(1, 256, 1), (37, 96, 3), (70, 160, 9), (64, 1536, 6)] {
+            if cols % format.row_multiple() != 0 {
+                continue;
+            }
             let blocks = rows * cols / 32;
             let codes: Vec<u8> = (0..blocks * format.code_bytes())
                 .map(|_| rng.next() as u8)
                 .collect();
-            let mut scales: Vec<u16> = Vec::new();
-            for _ in 0..blocks * format.scales() {
-                let v = rng.unit() * 0.05;
-                match format.wide_scales() {
-                    true => scales.extend([v.to_bits() as u16, (v.to_bits() >> 16) as u16]),
-                    false => scales.push(half::f16::from_f32(v).to_bits()),
-                }
-            }
-            let w = QuantWeights::new(format, rows, cols, &codes, &scales).expect("shape");
+            let half = |v: f32| half::f16::from_f32(v).to_bits();
+            // IEEE halves, or the K formats' signed steps (two a word) and their
+            // super-blocks' `d` and `-dmin`.
+            let scales: Vec<u16> = match format.super_scales() {
+                true => (0..blocks * format.scale_halves())
+                    .map(|_| {
+                        // Steps of either sign, as Q6_K's and Q3_K's scales are.
+                        let w = rng.next();
+                        let step = |k: u32| (((w >> k) % 96) as i32 - 48) as i8 as u8;
+                        u16::from_le_bytes([step(0), step(8)])
+                    })
+                    .collect(),
+                false => (0..blocks * format.scales())
+                    .map(|_| half(rng.unit() * 0.05))
+                    .collect(),
+            };
+            let supers: Vec<u16> = match format.super_scales() {
+                true => (0..blocks / fornax_cpu::SUPER_GROUPS * 2)
+                    .map(|_| half(rng.unit() * 0.002))
+                    .collect(),
+                false => Vec::new(),
+            };
+            let w = QuantWeights::new(format, rows, cols, &codes, &scales, &supers).expect("shape");
             let il = InterleavedWeights::new(&w);
             let x: Vec<f32> = (0..tokens * cols).map(|_| rng.unit() * 2.0).collect();
             let acts = Q8Activations::quantize(&x, tokens, cols);

@@ -1,19 +1,39 @@
-//! Kernel speed alone: one token against Q4_1 weights the size of the default model's
-//! layers (all 30 layers' matrices, 106M values), per SIMD level. A benchmark, not a test.
+//! Kernel speed alone: a few tokens against weights the size of the default model's
+//! layers (all 30 layers' matrices, 106M values), per SIMD level, in the format named by
+//! the first argument (default Q4_1; e.g. `K4`). A benchmark, not a test.
 use fornax_cpu::{
     matmul_many, InterleavedWeights, Q8Activations, QuantFormat, QuantWeights, SimdLevel,
 };
 use std::time::Instant;
 
 fn main() {
-    let cols = 576;
-    let rows = 30 * (576 * 2 + 192 * 2 + 1536 * 2) + 30 * 576 * 1536 / 576; // approx
+    let cols: usize = 576;
+    let rows: usize = 30 * (576 * 2 + 192 * 2 + 1536 * 2) + 30 * 576 * 1536 / 576; // approx
+    let name = std::env::args().nth(1).unwrap_or_else(|| "Q4_1".into());
+    let format = *QuantFormat::ALL
+        .iter()
+        .find(|f| format!("{f:?}") == name)
+        .expect("a format name, e.g. Q4_1 or K4");
+    let rows = rows.next_multiple_of(8);
+    let cols = cols.next_multiple_of(format.row_multiple());
     let blocks = rows * cols / 32;
-    let codes: Vec<u8> = (0..blocks * 16).map(|i| (i * 37 % 251) as u8).collect();
-    let scales: Vec<u16> = (0..blocks * 2).map(|i| 0x2000 + (i % 512) as u16).collect();
-    let w = QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales).unwrap();
+    let codes: Vec<u8> = (0..blocks * format.code_bytes())
+        .map(|i| (i * 37 % 251) as u8)
+        .collect();
+    let scales: Vec<u16> = (0..blocks * format.scale_halves())
+        .map(|i| match format.super_scales() {
+            true => (i % 61) as u16 * 0x0101,
+            false => 0x2000 + (i % 512) as u16,
+        })
+        .collect();
+    let supers: Vec<u16> = match format.super_scales() {
+        true => (0..blocks / 4).map(|i| 0x1000 + (i % 512) as u16).collect(),
+        false => Vec::new(),
+    };
+    let w = QuantWeights::new(format, rows, cols, &codes, &scales, &supers).unwrap();
     let w = InterleavedWeights::new(&w);
-    let bytes = codes.len() + 2 * scales.len();
+    let bytes = w.bytes();
+    println!("{format:?}: {rows} x {cols}, {:.1} MB", bytes as f64 / 1e6);
     for tokens in [1usize, 2, 4, 8, 32] {
         let x: Vec<f32> = (0..tokens * cols)
             .map(|i| (i as f32 * 0.01).sin())

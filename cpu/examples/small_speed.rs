@@ -11,7 +11,7 @@ fn main() {
     let blocks = rows * cols / 32;
     let codes: Vec<u8> = (0..blocks * 16).map(|i| (i * 37 % 251) as u8).collect();
     let scales: Vec<u16> = (0..blocks * 2).map(|i| 0x2000 + (i % 512) as u16).collect();
-    let w = QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales).unwrap();
+    let w = QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales, &[]).unwrap();
     let w = InterleavedWeights::new(&w);
     for tokens in [1usize, 4] {
         let x: Vec<f32> = (0..tokens * cols)

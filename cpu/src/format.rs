@@ -5,7 +5,15 @@ use half::f16;
 /// Values per quantization block.
 pub const QBLOCK: usize = 32;
 
+/// Groups of 32 values in a super-block of the K formats (256 values).
+pub const SUPER_GROUPS: usize = 8;
+
 /// The GGUF block formats the kernels read.
+///
+/// The K formats are the K-quants' groups of 32 as the file keeps them: each group's
+/// scales are small integers ("steps", one signed byte each) times its super-block's `d`
+/// or `-dmin`, two IEEE halves per super-block of [`SUPER_GROUPS`] groups. Their products
+/// in FP32 are exact, so a group decodes to the file's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantFormat {
     /// `d * (q - 8)`, 4-bit codes.
@@ -17,24 +25,26 @@ pub enum QuantFormat {
     /// `d * (q - 16)`, 5-bit codes: four bytes of high bits (bit `j` for value `j`), then
     /// the low nibbles as Q4's.
     Q5_0,
-    /// `d * q + m` with FP32 `d` and `m`, 4-bit codes as Q4_1's: a group of 32 of a Q4_K
-    /// super-block (`d = d_K * scale`, `m = -dmin_K * min`, both exact in FP32).
+    /// `d * q + m` with 4-bit codes as Q4_1's and steps `(scale, min)`: a group of 32 of
+    /// a Q4_K super-block (`d = d_K * scale`, `m = -dmin_K * min`).
     K4,
-    /// `d * q + m` with FP32 `d` and `m`, 5-bit codes as Q5_0's: a group of a Q5_K
-    /// super-block, or a Q5_1 block.
+    /// As K4 with 5-bit codes as Q5_0's: a group of a Q5_K super-block.
     K5,
-    /// `d_h * q`, signed 8-bit codes with an FP32 scale `d_h` for each half `h` of 16
-    /// values: a group of a Q6_K or Q3_K super-block.
+    /// `d_h * q`, signed 8-bit codes with steps `(scale_0, scale_1)`, one per half `h` of
+    /// 16 values (`d_h = d_K * scale_h`): a group of a Q6_K or Q3_K super-block.
     K8,
-    /// `d_h * q + m_h`, 4-bit codes as Q4_1's with an FP32 scale and min for each half `h`
-    /// of 16 values (scales `d_0, d_1, m_0, m_1`): a group of a Q2_K super-block.
+    /// `d_h * q + m_h`, 4-bit codes as Q4_1's with steps `(scale_0, scale_1, min_0,
+    /// min_1)`, a scale and a min for each half `h` of 16 values: a group of a Q2_K
+    /// super-block.
     K2,
+    /// `d * q + m`, 5-bit codes as Q5_0's with IEEE halves `d` and `m`.
+    Q5_1,
 }
 
 impl QuantFormat {
     /// Every format, in declaration order (`ALL[f as usize] == f`): the kernels take a
     /// format as a const index into it, so its tests fold away.
-    pub const ALL: [QuantFormat; 8] = [
+    pub const ALL: [QuantFormat; 9] = [
         Self::Q4_0,
         Self::Q4_1,
         Self::Q8_0,
@@ -43,14 +53,15 @@ impl QuantFormat {
         Self::K5,
         Self::K8,
         Self::K2,
+        Self::Q5_1,
     ];
 
-    /// Code bytes per block: 16 nibble pairs, 32 bytes, or (Q5_0) 4 bytes of high bits
-    /// and 16 nibble pairs.
+    /// Code bytes per block: 16 nibble pairs, 32 bytes, or (Q5_0, Q5_1, K5) 4 bytes of
+    /// high bits and 16 nibble pairs.
     pub const fn code_bytes(self) -> usize {
         match self {
             Self::Q8_0 | Self::K8 => 32,
-            Self::Q5_0 | Self::K5 => 20,
+            Self::Q5_0 | Self::Q5_1 | Self::K5 => 20,
             _ => 16,
         }
     }
@@ -58,7 +69,7 @@ impl QuantFormat {
     /// Bytes of high bits at the start of a block's codes (Q5_0's `qh`).
     pub const fn high_bytes(self) -> usize {
         match self {
-            Self::Q5_0 | Self::K5 => 4,
+            Self::Q5_0 | Self::Q5_1 | Self::K5 => 4,
             _ => 0,
         }
     }
@@ -68,8 +79,9 @@ impl QuantFormat {
         matches!(self, Self::Q8_0 | Self::K8)
     }
 
-    /// Whether the scales are FP32 (the K formats) rather than IEEE halves.
-    pub const fn wide_scales(self) -> bool {
+    /// Whether the scales are steps of a super-block's two halves (the K formats) rather
+    /// than IEEE halves of their own.
+    pub const fn super_scales(self) -> bool {
         matches!(self, Self::K4 | Self::K5 | Self::K8 | Self::K2)
     }
 
@@ -83,27 +95,33 @@ impl QuantFormat {
         !self.signed_codes()
     }
 
-    /// Scales per block: `d` (and `m` for Q4_1, K4, K5; K8: one `d` per half; K2: a `d`
-    /// and an `m` per half).
+    /// Scales per block: `d` (and `m` for Q4_1, Q5_1, K4, K5; K8: one `d` per half; K2:
+    /// a `d` and an `m` per half).
     pub const fn scales(self) -> usize {
         match self {
             Self::K2 => 4,
-            Self::Q4_1 | Self::K4 | Self::K5 | Self::K8 => 2,
+            Self::Q4_1 | Self::Q5_1 | Self::K4 | Self::K5 | Self::K8 => 2,
             _ => 1,
         }
     }
 
-    /// Bytes of one scale: 2 (halves) or 4 (FP32).
+    /// Bytes of one scale: 2 (an IEEE half) or 1 (a K format's step).
     pub const fn scale_bytes(self) -> usize {
-        if self.wide_scales() {
-            4
+        if self.super_scales() {
+            1
         } else {
             2
         }
     }
 
+    /// Bytes of a block's scales.
+    pub const fn block_scale_bytes(self) -> usize {
+        self.scales() * self.scale_bytes()
+    }
+
     /// What a block adds per unit of `sum(x)`, given its `d`: `-8 d` for Q4_0, `-16 d` for
-    /// Q5_0 (codes read unsigned), 0 for Q8_0 and K8; Q4_1, K4 and K5 carry their own `m`.
+    /// Q5_0 (codes read unsigned), 0 for Q8_0 and K8; Q4_1, Q5_1, K4 and K5 carry their
+    /// own `m`.
     pub(crate) fn offset(self, d: f32) -> f32 {
         match self {
             Self::Q4_0 => -8.0 * d,
@@ -112,33 +130,67 @@ impl QuantFormat {
         }
     }
 
-    /// 16-bit scale words per block: a half per scale, or two (low first) per FP32 one.
+    /// 16-bit scale words per block (one or two for the K formats' steps).
     pub const fn scale_halves(self) -> usize {
-        self.scales() * self.scale_bytes() / 2
+        self.block_scale_bytes() / 2
+    }
+
+    /// Values per row a matrix of this format must hold a whole number of: a block, or
+    /// (the K formats) a super-block.
+    pub const fn row_multiple(self) -> usize {
+        if self.super_scales() {
+            QBLOCK * SUPER_GROUPS
+        } else {
+            QBLOCK
+        }
+    }
+
+    /// Scale `d` and offset `m` per half of 16 values of a block from its scale bytes
+    /// (`steps`: the block's [`Self::block_scale_bytes`]) and, for the K formats, its
+    /// super-block's `d` and `-dmin` (`sup`): `([d, d], [m, m])`, K8's `([d_0, d_1], [0,
+    /// 0])`, K2's `([d_0, d_1], [m_0, m_1])`.
+    pub(crate) fn block_scales(self, steps: &[u8], sup: [f32; 2]) -> ([f32; 2], [f32; 2]) {
+        let step = |i: usize| f32::from(steps[i] as i8);
+        let half = |i: usize| {
+            f16::from_bits(u16::from_le_bytes([steps[2 * i], steps[2 * i + 1]])).to_f32()
+        };
+        match self {
+            Self::K2 => (
+                [sup[0] * step(0), sup[0] * step(1)],
+                [sup[1] * step(2), sup[1] * step(3)],
+            ),
+            Self::K8 => ([sup[0] * step(0), sup[0] * step(1)], [0.0; 2]),
+            Self::K4 | Self::K5 => ([sup[0] * step(0); 2], [sup[1] * step(1); 2]),
+            Self::Q4_1 | Self::Q5_1 => ([half(0); 2], [half(1); 2]),
+            f => ([half(0); 2], [f.offset(half(0)); 2]),
+        }
     }
 }
 
 /// Why a [`QuantWeights`] view cannot be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WeightsError {
-    /// Rows of `cols` values are not whole blocks.
-    #[error("{cols} values per row are not whole blocks of {QBLOCK}")]
-    PartialBlock { cols: usize },
+    /// Rows of `cols` values are not whole blocks (the K formats: super-blocks).
+    #[error("{cols} values per row are not whole blocks of {multiple}")]
+    PartialBlock { cols: usize, multiple: usize },
     /// The arrays do not hold `rows * cols` values.
-    #[error("expected {codes} code bytes and {scales} scale halves for the shape, got {got_codes} and {got_scales}")]
+    #[error("expected {codes} code bytes, {scales} scale words and {supers} super-block halves for the shape, got {got_codes}, {got_scales} and {got_supers}")]
     Size {
         codes: usize,
         scales: usize,
+        supers: usize,
         got_codes: usize,
         got_scales: usize,
+        got_supers: usize,
     },
 }
 
 /// A `[rows, cols]` block-quantized matrix, borrowed: the blocks' codes as in the file
 /// (Q4, K4, K2: value `j < 16` in the low nibble of byte `j`, value `j + 16` in its high
-/// nibble; Q8_0, K8: one signed byte per value; Q5_0, K5: `qh` then Q4's nibbles) and their
-/// scales as 16-bit words: IEEE halves (Q4_1: `d, m` per block), or FP32 values as two
-/// words, low first (the K formats). Rows are runs of blocks.
+/// nibble; Q8_0, K8: one signed byte per value; Q5_0, Q5_1, K5: `qh` then Q4's nibbles),
+/// their scales as 16-bit words (IEEE halves, Q4_1 and Q5_1 `d, m` per block; the K
+/// formats' steps, two bytes a word, low first) and the K formats' super-block halves
+/// (`d, -dmin` per super-block, empty for the others). Rows are runs of blocks.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantWeights<'a> {
     pub(crate) format: QuantFormat,
@@ -146,6 +198,7 @@ pub struct QuantWeights<'a> {
     pub(crate) cols: usize,
     pub(crate) codes: &'a [u8],
     pub(crate) scales: &'a [u16],
+    pub(crate) supers: &'a [u16],
 }
 
 impl<'a> QuantWeights<'a> {
@@ -156,19 +209,30 @@ impl<'a> QuantWeights<'a> {
         cols: usize,
         codes: &'a [u8],
         scales: &'a [u16],
+        supers: &'a [u16],
     ) -> Result<Self, WeightsError> {
-        if !cols.is_multiple_of(QBLOCK) {
-            return Err(WeightsError::PartialBlock { cols });
+        let multiple = format.row_multiple();
+        if !cols.is_multiple_of(multiple) {
+            return Err(WeightsError::PartialBlock { cols, multiple });
         }
         let blocks = rows * cols / QBLOCK;
         let want_codes = blocks * format.code_bytes();
         let want_scales = blocks * format.scale_halves();
-        if codes.len() != want_codes || !(want_scales..=want_scales + 1).contains(&scales.len()) {
+        let want_supers = match format.super_scales() {
+            true => 2 * blocks / SUPER_GROUPS,
+            false => 0,
+        };
+        if codes.len() != want_codes
+            || !(want_scales..=want_scales + 1).contains(&scales.len())
+            || supers.len() != want_supers
+        {
             return Err(WeightsError::Size {
                 codes: want_codes,
                 scales: want_scales,
+                supers: want_supers,
                 got_codes: codes.len(),
                 got_scales: scales.len(),
+                got_supers: supers.len(),
             });
         }
         Ok(Self {
@@ -177,6 +241,7 @@ impl<'a> QuantWeights<'a> {
             cols,
             codes,
             scales,
+            supers,
         })
     }
 
@@ -201,33 +266,52 @@ impl<'a> QuantWeights<'a> {
         &self.codes[r * n..(r + 1) * n]
     }
 
-    /// Row `r`'s scale halves.
-    pub(crate) fn row_scales(&self, r: usize) -> &'a [u16] {
-        let n = self.row_blocks() * self.format.scale_halves();
-        &self.scales[r * n..(r + 1) * n]
+    /// The block format.
+    pub fn format(&self) -> QuantFormat {
+        self.format
     }
 
-    /// Block `b` of row `r`'s scale and min for each half: `([d, d], [m, m])`, or K8's
-    /// `([d_0, d_1], [0, 0])`, K2's `([d_0, d_1], [m_0, m_1])`.
-    fn block_scales(&self, r: usize, b: usize) -> ([f32; 2], [f32; 2]) {
-        let words = self.row_scales(r);
+    /// Row `r`'s scale bytes, block after block.
+    pub(crate) fn row_scale_bytes(&self, r: usize) -> Vec<u8> {
+        let n = self.row_blocks() * self.format.scale_halves();
+        // Every format's block scales are whole words (`block_scale_bytes` is even).
+        let words = &self.scales[r * n..(r + 1) * n];
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    /// Block `b` of row `r`'s scale and offset per half in FP32 (see
+    /// [`QuantFormat::block_scales`]).
+    pub fn block_scales(&self, r: usize, b: usize) -> ([f32; 2], [f32; 2]) {
         let sh = self.format.scale_halves();
-        let scale = |i: usize| scale_at(self.format, &words[b * sh..], i);
-        match self.format {
-            QuantFormat::K2 => ([scale(0), scale(1)], [scale(2), scale(3)]),
-            QuantFormat::K8 => ([scale(0), scale(1)], [0.0; 2]),
-            f if f.scales() == 1 => ([scale(0); 2], [f.offset(scale(0)); 2]),
-            _ => ([scale(0); 2], [scale(1); 2]),
+        let at = (r * self.row_blocks() + b) * sh;
+        let mut steps = [0u8; 4];
+        for (i, w) in self.scales[at..at + sh].iter().enumerate() {
+            steps[2 * i..2 * i + 2].copy_from_slice(&w.to_le_bytes());
+        }
+        self.format
+            .block_scales(&steps, super_at(self.row_supers(r), b))
+    }
+
+    /// Row `r`'s super-block halves (`d, -dmin` per super-block; empty but for the K
+    /// formats).
+    pub(crate) fn row_supers(&self, r: usize) -> &'a [u16] {
+        let n = 2 * self.row_blocks() / SUPER_GROUPS;
+        match self.format.super_scales() {
+            true => &self.supers[r * n..(r + 1) * n],
+            false => &[],
         }
     }
 
     /// Row `r` decoded to FP32 into `out` (`cols` values): `d * q + m` per value.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let codes = self.row_codes(r);
-        let cb = self.format.code_bytes();
+        let steps = self.row_scale_bytes(r);
+        let supers = self.row_supers(r);
+        let (cb, sb) = (self.format.code_bytes(), self.format.block_scale_bytes());
         for (b, values) in out[..self.cols].chunks_exact_mut(QBLOCK).enumerate() {
             let block = &codes[b * cb..(b + 1) * cb];
-            let (d, m) = self.block_scales(r, b);
+            let sup = super_at(supers, b);
+            let (d, m) = self.format.block_scales(&steps[b * sb..(b + 1) * sb], sup);
             if self.format.signed_codes() {
                 for (j, (v, &q)) in values.iter_mut().zip(block).enumerate() {
                     *v = d[j / 16] * f32::from(q as i8);
@@ -245,12 +329,13 @@ impl<'a> QuantWeights<'a> {
     }
 }
 
-/// Scale `i` of a block whose scale words start `words`: a half, or FP32 from two words.
-fn scale_at(format: QuantFormat, words: &[u16], i: usize) -> f32 {
-    if format.wide_scales() {
-        f32::from_bits(u32::from(words[2 * i]) | u32::from(words[2 * i + 1]) << 16)
-    } else {
-        f16::from_bits(words[i]).to_f32()
+/// Block `b`'s super-block `d` and `-dmin` in FP32 from a row's super-block halves (zeros
+/// where there are none).
+fn super_at(supers: &[u16], b: usize) -> [f32; 2] {
+    let s = 2 * (b / SUPER_GROUPS);
+    match supers.get(s..s + 2) {
+        Some(h) => [f16::from_bits(h[0]).to_f32(), f16::from_bits(h[1]).to_f32()],
+        None => [0.0; 2],
     }
 }
 

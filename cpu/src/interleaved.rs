@@ -2,24 +2,31 @@
 //! one SIMD product covers a block of eight rows and its results land one row per lane.
 //!
 //! Rows are taken in groups of [`LANES`] (the last group padded with zero rows). A group
-//! is a run of group-blocks, one per block of 32 columns, each holding:
-//! - the eight rows' `d` as IEEE halves (FP32 for the K formats), then (Q4_1, K4, K5)
-//!   their eight `m` (K8: their eight second-half `d`; K2: the second-half `d`, then the
-//!   first and the second half's `m`);
-//! - (Q5_0, K5) the eight rows' high-bit words `qh`, row `l`'s at `4l`;
+//! is a run of group-blocks, one per block of 32 columns, then (the K formats) a run of
+//! super entries, one per super-block. A group-block holds:
+//! - the eight rows' scales, scale after scale, each a run of eight: `d` as IEEE halves,
+//!   then (Q4_1, Q5_1) their eight `m`; the K formats' steps as signed bytes (K4, K5: the
+//!   scale steps, then the min steps; K8: the first then the second half's; K2: the
+//!   halves' scale steps, then their min steps);
+//! - (Q5_0, Q5_1, K5) the eight rows' high-bit words `qh`, row `l`'s at `4l`;
 //! - the eight rows' codes in chunks of 32 bytes: chunk `c` holds 4 bytes of each row,
 //!   row `l`'s bytes `4c..4c + 4` of its block at `32c + 4l`. For Q4 that is values
 //!   `4c..4c + 4` in the low nibbles and `16 + 4c..` in the high ones; for Q8_0 and K8
 //!   values `4c..4c + 4`.
 //!
+//! A super entry holds the eight rows' super-block `d` as IEEE halves, then their `-dmin`.
+//!
 //! It takes the same bytes as the blocks it is made from (plus the padding rows).
 
 use half::f16;
 
-use crate::format::{QuantFormat, QuantWeights, QBLOCK};
+use crate::format::{QuantFormat, QuantWeights, QBLOCK, SUPER_GROUPS};
 
 /// Rows per group: the lanes of one 256-bit vector of FP32.
 pub const LANES: usize = 8;
+
+/// Bytes of a super entry: eight rows' `d` and `-dmin` as IEEE halves.
+pub(crate) const SUPER_BYTES: usize = 4 * LANES;
 
 /// A `[rows, cols]` block-quantized matrix in the kernels' interleaved layout, owned.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,12 +37,22 @@ pub struct InterleavedWeights {
     pub(crate) data: Vec<u8>,
 }
 
-/// Where row `l`'s 16-bit scale word `h` of a block lies in a group-block: scale `s` of
-/// the eight rows is a run of eight halves or FP32 values.
-const fn scale_offset(format: QuantFormat, l: usize, h: usize) -> usize {
-    let per = format.scale_bytes() / 2;
-    let (s, part) = (h / per, h % per);
-    (s * LANES + l) * format.scale_bytes() + 2 * part
+/// A matrix's blocks in the file's order, owned: the arrays a [`QuantWeights`] borrows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowBlocks {
+    /// Code bytes.
+    pub codes: Vec<u8>,
+    /// Scale words.
+    pub scales: Vec<u16>,
+    /// Super-block halves (the K formats).
+    pub supers: Vec<u16>,
+}
+
+/// Where row `l`'s scale byte `k` of a block lies in a group-block: scale `s` of the
+/// eight rows is a run of eight values.
+const fn scale_offset(format: QuantFormat, l: usize, k: usize) -> usize {
+    let sb = format.scale_bytes();
+    (k / sb * LANES + l) * sb + k % sb
 }
 
 /// Where row `l`'s code byte `i` of a block lies among a group-block's codes.
@@ -46,17 +63,48 @@ const fn code_offset(l: usize, i: usize) -> usize {
 impl QuantFormat {
     /// Bytes of one group-block: eight rows' scales and codes.
     pub(crate) const fn group_block_bytes(self) -> usize {
-        LANES * (2 * self.scale_halves() + self.code_bytes())
+        LANES * (self.block_scale_bytes() + self.code_bytes())
     }
 
     /// Where the high-bit words start in a group-block (Q5_0).
     pub(crate) const fn group_high_at(self) -> usize {
-        LANES * 2 * self.scale_halves()
+        LANES * self.block_scale_bytes()
     }
 
     /// Where the codes start in a group-block.
     pub(crate) const fn group_codes_at(self) -> usize {
         self.group_high_at() + LANES * self.high_bytes()
+    }
+
+    /// FP32 vectors per block in a group's expanded scales (`crate::dot::expand_scales`):
+    /// `d` and `m`, and K2's two mins.
+    pub(crate) const fn expanded_vectors(self) -> usize {
+        match self {
+            Self::K2 => 4,
+            _ => 2,
+        }
+    }
+
+    /// Bytes of a group of `nb` blocks a row: its group-blocks and super entries.
+    pub(crate) const fn group_bytes(self, nb: usize) -> usize {
+        let supers = match self.super_scales() {
+            true => nb / SUPER_GROUPS * SUPER_BYTES,
+            false => 0,
+        };
+        nb * self.group_block_bytes() + supers
+    }
+}
+
+/// Block `b`'s super entry in a group of `nb` blocks a row (empty for the formats
+/// without).
+#[inline(always)]
+pub(crate) fn super_entry(format: QuantFormat, group: &[u8], nb: usize, b: usize) -> &[u8] {
+    match format.super_scales() {
+        true => {
+            let at = nb * format.group_block_bytes() + b / SUPER_GROUPS * SUPER_BYTES;
+            &group[at..at + SUPER_BYTES]
+        }
+        false => &[],
     }
 }
 
@@ -67,27 +115,33 @@ impl InterleavedWeights {
         let nb = w.row_blocks();
         let groups = w.rows.div_ceil(LANES);
         let (gbb, codes_at) = (format.group_block_bytes(), format.group_codes_at());
-        let (cb, sh, hb) = (
+        let (cb, sb, hb) = (
             format.code_bytes(),
-            format.scale_halves(),
+            format.block_scale_bytes(),
             format.high_bytes(),
         );
-        let high_at = format.group_high_at();
-        let mut data = vec![0u8; groups * nb * gbb];
+        let (high_at, group_bytes) = (format.group_high_at(), format.group_bytes(nb));
+        let mut data = vec![0u8; groups * group_bytes];
         for r in 0..w.rows {
             let (g, l) = (r / LANES, r % LANES);
-            let (codes, halves) = (w.row_codes(r), w.row_scales(r));
+            let (codes, steps) = (w.row_codes(r), w.row_scale_bytes(r));
+            let group = &mut data[g * group_bytes..(g + 1) * group_bytes];
             for b in 0..nb {
-                let at = (g * nb + b) * gbb;
-                let block = &mut data[at..at + gbb];
-                for (h, word) in halves[b * sh..(b + 1) * sh].iter().enumerate() {
-                    let o = scale_offset(format, l, h);
-                    block[o..o + 2].copy_from_slice(&word.to_le_bytes());
+                let block = &mut group[b * gbb..(b + 1) * gbb];
+                for (k, &byte) in steps[b * sb..(b + 1) * sb].iter().enumerate() {
+                    block[scale_offset(format, l, k)] = byte;
                 }
                 let own = &codes[b * cb..(b + 1) * cb];
                 block[high_at + hb * l..high_at + hb * (l + 1)].copy_from_slice(&own[..hb]);
                 for (i, &byte) in own[hb..].iter().enumerate() {
                     block[codes_at + code_offset(l, i)] = byte;
+                }
+            }
+            for (s, pair) in w.row_supers(r).chunks_exact(2).enumerate() {
+                let at = nb * gbb + s * SUPER_BYTES;
+                for (i, half) in pair.iter().enumerate() {
+                    let o = at + (i * LANES + l) * 2;
+                    group[o..o + 2].copy_from_slice(&half.to_le_bytes());
                 }
             }
         }
@@ -129,50 +183,63 @@ impl InterleavedWeights {
         self.rows.div_ceil(LANES)
     }
 
-    /// Group `g`'s bytes: its group-blocks in order.
+    /// Group `g`'s bytes: its group-blocks in order, then its super entries.
     pub(crate) fn group(&self, g: usize) -> &[u8] {
-        let n = self.row_blocks() * self.format.group_block_bytes();
+        let n = self.format.group_bytes(self.row_blocks());
         &self.data[g * n..(g + 1) * n]
     }
 
-    /// Row `r`'s codes and scale halves in the file's layout (see [`QuantWeights`]).
-    pub fn row_blocks_of(&self, r: usize) -> (Vec<u8>, Vec<u16>) {
+    /// Row `r`'s blocks in the file's layout (see [`QuantWeights`]).
+    pub fn row_blocks_of(&self, r: usize) -> RowBlocks {
         assert!(r < self.rows, "row {r} of {}", self.rows);
         let (nb, l) = (self.row_blocks(), r % LANES);
         let f = self.format;
         let (gbb, codes_at) = (f.group_block_bytes(), f.group_codes_at());
-        let (cb, sh, hb) = (f.code_bytes(), f.scale_halves(), f.high_bytes());
+        let (cb, sb, hb) = (f.code_bytes(), f.block_scale_bytes(), f.high_bytes());
         let high_at = f.group_high_at();
         let group = self.group(r / LANES);
-        let mut codes = Vec::with_capacity(nb * cb);
-        let mut halves = Vec::with_capacity(nb * sh);
-        for block in group.chunks_exact(gbb) {
-            for h in 0..sh {
-                let o = scale_offset(f, l, h);
-                halves.push(u16::from_le_bytes([block[o], block[o + 1]]));
-            }
-            codes.extend_from_slice(&block[high_at + hb * l..high_at + hb * (l + 1)]);
-            codes.extend((0..cb - hb).map(|i| block[codes_at + code_offset(l, i)]));
+        let mut out = RowBlocks::default();
+        for block in group[..nb * gbb].chunks_exact(gbb) {
+            let steps: Vec<u8> = (0..sb).map(|k| block[scale_offset(f, l, k)]).collect();
+            let words = steps.chunks_exact(2);
+            out.scales
+                .extend(words.map(|w| u16::from_le_bytes([w[0], w[1]])));
+            out.codes
+                .extend_from_slice(&block[high_at + hb * l..high_at + hb * (l + 1)]);
+            out.codes
+                .extend((0..cb - hb).map(|i| block[codes_at + code_offset(l, i)]));
         }
-        (codes, halves)
+        for entry in group[nb * gbb..].chunks_exact(SUPER_BYTES) {
+            out.supers
+                .extend(lane_halves(entry, l).map(|h| h.to_bits()));
+        }
+        out
     }
 
-    /// The whole matrix in the file's layout: every row's codes, then every row's halves.
-    pub fn to_row_major(&self) -> (Vec<u8>, Vec<u16>) {
-        let (mut codes, mut halves) = (Vec::new(), Vec::new());
+    /// The whole matrix in the file's layout: every row's blocks, row after row.
+    pub fn to_row_major(&self) -> RowBlocks {
+        let mut out = RowBlocks::default();
         for r in 0..self.rows {
-            let (c, h) = self.row_blocks_of(r);
-            codes.extend(c);
-            halves.extend(h);
+            let row = self.row_blocks_of(r);
+            out.codes.extend(row.codes);
+            out.scales.extend(row.scales);
+            out.supers.extend(row.supers);
         }
-        (codes, halves)
+        out
     }
 
     /// Row `r` decoded to FP32 into `out` (`cols` values): `d * q + m` per value.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        let (codes, halves) = self.row_blocks_of(r);
-        let view = QuantWeights::new(self.format, 1, self.cols, &codes, &halves)
-            .expect("one row of whole blocks");
+        let row = self.row_blocks_of(r);
+        let view = QuantWeights::new(
+            self.format,
+            1,
+            self.cols,
+            &row.codes,
+            &row.scales,
+            &row.supers,
+        )
+        .expect("one row of whole blocks");
         view.dequantize_row(0, out);
     }
 
@@ -187,31 +254,69 @@ impl InterleavedWeights {
     }
 }
 
-/// A group-block's scales in FP32: `d` and `m` per lane (`m` as in `crate::dot`; K8 and
-/// K2: the second half's `d`).
-pub(crate) fn group_scales(format: QuantFormat, block: &[u8]) -> ([f32; LANES], [f32; LANES]) {
-    let d = group_scale(format, block, 0);
-    let m = match format.scales() {
-        1 => std::array::from_fn(|l| format.offset(d[l])),
-        _ => group_scale(format, block, 1),
+/// Lane `l`'s `d` and `-dmin` of a super entry.
+fn lane_halves(entry: &[u8], l: usize) -> [f16; 2] {
+    [0, 1].map(|i| {
+        let o = (i * LANES + l) * 2;
+        f16::from_bits(u16::from_le_bytes([entry[o], entry[o + 1]]))
+    })
+}
+
+/// Lane `l`'s scales of a group-block (see [`QuantFormat::block_scales`]), `sup` its
+/// super entry (empty for the formats without).
+fn lane_scales(format: QuantFormat, block: &[u8], sup: &[u8], l: usize) -> ([f32; 2], [f32; 2]) {
+    let mut steps = [0u8; 4];
+    for (k, step) in steps[..format.block_scale_bytes()].iter_mut().enumerate() {
+        *step = block[scale_offset(format, l, k)];
+    }
+    let sup = match sup.is_empty() {
+        true => [0.0; 2],
+        false => lane_halves(sup, l).map(f16::to_f32),
     };
+    format.block_scales(&steps, sup)
+}
+
+/// A group-block's scales in FP32: `d` and `m` per lane (`m` as in `crate::dot`; K8 and
+/// K2: the second half's `d`), `sup` its super entry.
+fn group_scales(format: QuantFormat, block: &[u8], sup: &[u8]) -> ([f32; LANES], [f32; LANES]) {
+    let lanes: [_; LANES] = std::array::from_fn(|l| lane_scales(format, block, sup, l));
+    let d = lanes.map(|(d, _)| d[0]);
+    let m = lanes.map(|(d, m)| match format.half_scales() {
+        true => d[1],
+        false => m[0],
+    });
     (d, m)
 }
 
-/// K2's mins per lane, of the first and the second half (its scales 2 and 3).
-pub(crate) fn group_mins(block: &[u8]) -> ([f32; LANES], [f32; LANES]) {
-    let f = QuantFormat::K2;
-    (group_scale(f, block, 2), group_scale(f, block, 3))
+/// Block `b`'s scales per lane in a group of `nb` blocks a row: `d`, `m` and K2's two
+/// mins (zeros for the other formats), from `scales` where given (the group's expanded
+/// scales, `crate::dot::expand_scales`), else from the group-block.
+pub(crate) fn block_lanes(
+    format: QuantFormat,
+    group: &[u8],
+    nb: usize,
+    b: usize,
+    scales: Option<&[[f32; LANES]]>,
+) -> [[f32; LANES]; 4] {
+    let k = format.expanded_vectors();
+    let mut out = [[0.0; LANES]; 4];
+    match scales {
+        Some(s) => out[..k].copy_from_slice(&s[k * b..k * (b + 1)]),
+        None => {
+            let gbb = format.group_block_bytes();
+            let block = &group[b * gbb..(b + 1) * gbb];
+            let sup = super_entry(format, group, nb, b);
+            (out[0], out[1]) = group_scales(format, block, sup);
+            if format == QuantFormat::K2 {
+                (out[2], out[3]) = group_mins(block, sup);
+            }
+        }
+    }
+    out
 }
 
-/// Scale `s` of a group-block's eight rows in FP32.
-fn group_scale(format: QuantFormat, block: &[u8], s: usize) -> [f32; LANES] {
-    let sb = format.scale_bytes();
-    std::array::from_fn(|l| {
-        let at = (s * LANES + l) * sb;
-        match sb {
-            4 => f32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]),
-            _ => f16::from_bits(u16::from_le_bytes([block[at], block[at + 1]])).to_f32(),
-        }
-    })
+/// K2's mins per lane, of the first and the second half.
+fn group_mins(block: &[u8], sup: &[u8]) -> ([f32; LANES], [f32; LANES]) {
+    let lanes: [_; LANES] = std::array::from_fn(|l| lane_scales(QuantFormat::K2, block, sup, l).1);
+    (lanes.map(|m| m[0]), lanes.map(|m| m[1]))
 }

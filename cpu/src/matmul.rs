@@ -5,13 +5,16 @@
 use rayon::prelude::*;
 
 use crate::activations::Q8Activations;
-use crate::dot::{group_dots, TILE};
+use crate::dot::{expand_scales, group_dots, TILE};
 use crate::format::QuantWeights;
 use crate::interleaved::{InterleavedWeights, LANES};
 use crate::simd::SimdLevel;
 
 /// Pieces of work per thread, so that a thread that falls behind is not waited for long.
 const PIECES_PER_THREAD: usize = 4;
+/// Fewest tokens for which a product expands the K formats' scales to FP32 once rather
+/// than converting them in every tile.
+const EXPAND_TOKENS: usize = 4 * TILE;
 /// Fewest row groups in a piece: below this, handing a piece to a thread costs more than
 /// it saves.
 const MIN_PIECE_GROUPS: usize = 2;
@@ -70,10 +73,21 @@ pub fn matmul_many(
     }
     work.into_par_iter().for_each(|(w, out, groups)| {
         let mut tile = [[0.0f32; LANES]; TILE];
+        // The K formats' scales in FP32 once, where enough tiles read them.
+        let k = w.format.expanded_vectors() * w.row_blocks();
+        let mut expanded = Vec::new();
+        if w.format.super_scales() && tokens >= EXPAND_TOKENS {
+            expanded = vec![[0.0f32; LANES]; groups.len() * k];
+            for (g, out) in groups.clone().zip(expanded.chunks_exact_mut(k)) {
+                expand_scales(level, w, g, out);
+            }
+        }
         for t0 in (0..tokens).step_by(TILE) {
             let n = (tokens - t0).min(TILE);
             for g in groups.clone() {
-                group_dots(level, w, g, acts, t0, n, &mut tile);
+                let at = (g - groups.start) * k;
+                let scales = expanded.get(at..at + k);
+                group_dots(level, w, g, acts, t0, n, &mut tile, scales);
                 let (first, lanes) = (g * LANES, (w.rows - g * LANES).min(LANES));
                 for (j, values) in tile[..n].iter().enumerate() {
                     // SAFETY: row `t0 + j` of `[tokens, rows]`, columns `first..first +
@@ -119,7 +133,7 @@ pub(crate) fn time_level(level: SimdLevel) -> f64 {
     let blocks = rows * cols / crate::format::QBLOCK;
     let codes: Vec<u8> = (0..blocks * 16).map(|i| (i * 37 % 251) as u8).collect();
     let scales: Vec<u16> = (0..blocks * 2).map(|i| 0x2000 + (i % 512) as u16).collect();
-    let w = QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales)
+    let w = QuantWeights::new(QuantFormat::Q4_1, rows, cols, &codes, &scales, &[])
         .expect("a consistent shape");
     let w = InterleavedWeights::new(&w);
     let x: Vec<f32> = (0..tokens * cols)
@@ -131,7 +145,7 @@ pub(crate) fn time_level(level: SimdLevel) -> f64 {
         .map(|_| {
             let t = std::time::Instant::now();
             for g in 0..w.groups() {
-                group_dots(level, &w, g, &acts, 0, tokens, &mut tile);
+                group_dots(level, &w, g, &acts, 0, tokens, &mut tile, None);
             }
             std::hint::black_box(&tile);
             t.elapsed().as_secs_f64()

@@ -6,7 +6,7 @@
 //! A group-block's eight rows sit in two vectors of four lanes (see
 //! `crate::interleaved`): each half of a 32-byte chunk of codes holds four bytes of four
 //! rows, multiplied by the token's four matching activation bytes broadcast to every lane.
-//! Q4 and K4 codes (0..15), Q5_0 and K5 codes (0..31, the high bits spread into bytes) and
+//! Q4 and K4 codes (0..15), Q5_0, Q5_1 and K5 codes (0..31, the high bits spread into bytes) and
 //! Q8_0 and K8 codes all multiply as signed bytes.
 
 macro_rules! level {
@@ -15,7 +15,7 @@ macro_rules! level {
             use std::arch::aarch64::*;
 
             use crate::format::{QuantFormat, QBLOCK};
-            use crate::interleaved::{group_mins, group_scales, LANES};
+            use crate::interleaved::{block_lanes, LANES};
 
             /// Adds to each `i32` lane of `a` the products of its four bytes of `w` and `x`.
             #[target_feature(enable = $features)]
@@ -53,6 +53,7 @@ macro_rules! level {
                 nb: usize,
                 x: [crate::activations::TokenActs<'_>; N],
                 out: &mut [[f32; LANES]],
+                scales: Option<&[[f32; LANES]]>,
             ) {
                 let format = QuantFormat::ALL[F];
                 let (gbb, codes_at) = (format.group_block_bytes(), format.group_codes_at());
@@ -60,7 +61,7 @@ macro_rules! level {
                 let mask = vdupq_n_u8(15);
                 for b in 0..nb {
                     let block = &group[b * gbb..(b + 1) * gbb];
-                    let (d, m) = group_scales(format, block);
+                    let [d, m, m0, m1] = block_lanes(format, group, nb, b, scales);
                     // SAFETY (every load below): within the group-block and each token's
                     // block `b`, as the caller guarantees.
                     let (d, m) = unsafe {
@@ -124,7 +125,6 @@ macro_rules! level {
                     }
                     let mins = match format {
                         QuantFormat::K2 => {
-                            let (m0, m1) = group_mins(block);
                             // SAFETY: eight values each.
                             let v = |m: &[f32; LANES], h: usize| unsafe {
                                 vld1q_f32(m.as_ptr().add(4 * h))

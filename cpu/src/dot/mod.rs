@@ -2,7 +2,7 @@
 //! SIMD level.
 //!
 //! A block's product is `d_w d_x sum(q_w q_x) + m_w s_x`: the integer sum in SIMD, `m_w`
-//! being Q4_1's, K4's and K5's `m`, `-8 d_w` for Q4_0 (whose codes are read as 0..15),
+//! being Q4_1's, Q5_1's, K4's and K5's `m`, `-8 d_w` for Q4_0 (whose codes are read as 0..15),
 //! `-16 d_w` for Q5_0 and 0 for Q8_0. K8 has a `d_w` per half of 16 values and sums the
 //! halves apart: `fma(sum_1, d_w1 d_x, fma(sum_0, d_w0 d_x, acc))`; K2 too, then adds
 //! each half's `m_wh s_xh` (`s_xh` the activations' sum over that half). Each lane (row)
@@ -28,18 +28,20 @@ macro_rules! tokens_by_tile {
             t0: usize,
             n: usize,
             out: &mut [[f32; LANES]],
+            scales: Option<&[[f32; LANES]]>,
         ) {
             // SAFETY: as the caller guarantees.
             unsafe {
                 match format {
-                    QuantFormat::Q4_0 => tokens_of::<0>(group, acts, t0, n, out),
-                    QuantFormat::Q4_1 => tokens_of::<1>(group, acts, t0, n, out),
-                    QuantFormat::Q8_0 => tokens_of::<2>(group, acts, t0, n, out),
-                    QuantFormat::Q5_0 => tokens_of::<3>(group, acts, t0, n, out),
-                    QuantFormat::K4 => tokens_of::<4>(group, acts, t0, n, out),
-                    QuantFormat::K5 => tokens_of::<5>(group, acts, t0, n, out),
-                    QuantFormat::K8 => tokens_of::<6>(group, acts, t0, n, out),
-                    QuantFormat::K2 => tokens_of::<7>(group, acts, t0, n, out),
+                    QuantFormat::Q4_0 => tokens_of::<0>(group, acts, t0, n, out, scales),
+                    QuantFormat::Q4_1 => tokens_of::<1>(group, acts, t0, n, out, scales),
+                    QuantFormat::Q8_0 => tokens_of::<2>(group, acts, t0, n, out, scales),
+                    QuantFormat::Q5_0 => tokens_of::<3>(group, acts, t0, n, out, scales),
+                    QuantFormat::K4 => tokens_of::<4>(group, acts, t0, n, out, scales),
+                    QuantFormat::K5 => tokens_of::<5>(group, acts, t0, n, out, scales),
+                    QuantFormat::K8 => tokens_of::<6>(group, acts, t0, n, out, scales),
+                    QuantFormat::K2 => tokens_of::<7>(group, acts, t0, n, out, scales),
+                    QuantFormat::Q5_1 => tokens_of::<8>(group, acts, t0, n, out, scales),
                 }
             }
         }
@@ -55,15 +57,16 @@ macro_rules! tokens_by_tile {
             t0: usize,
             n: usize,
             out: &mut [[f32; LANES]],
+            scales: Option<&[[f32; LANES]]>,
         ) {
             let nb = acts.cols / QBLOCK;
             // SAFETY: as the caller guarantees.
             unsafe {
                 match n {
-                    4 => tile::<4, F>(group, nb, acts.tile(t0), out),
-                    3 => tile::<3, F>(group, nb, acts.tile(t0), out),
-                    2 => tile::<2, F>(group, nb, acts.tile(t0), out),
-                    _ => tile::<1, F>(group, nb, acts.tile(t0), out),
+                    4 => tile::<4, F>(group, nb, acts.tile(t0), out, scales),
+                    3 => tile::<3, F>(group, nb, acts.tile(t0), out, scales),
+                    2 => tile::<2, F>(group, nb, acts.tile(t0), out, scales),
+                    _ => tile::<1, F>(group, nb, acts.tile(t0), out, scales),
                 }
             }
         }
@@ -77,13 +80,16 @@ mod portable;
 mod x86;
 
 use crate::activations::Q8Activations;
-use crate::interleaved::{InterleavedWeights, LANES};
+use crate::interleaved::{block_lanes, InterleavedWeights, LANES};
 use crate::simd::SimdLevel;
 
 /// Tokens per register tile.
 pub(crate) const TILE: usize = 4;
 
-/// `out[j][l] = W[8 g + l] · x[t0 + j]` for `j < n <= TILE` (lanes past the last row are 0).
+/// `out[j][l] = W[8 g + l] · x[t0 + j]` for `j < n <= TILE` (lanes past the last row are
+/// 0). `scales`, where given, is the group's [`expand_scales`], read instead of the K
+/// formats' steps: the same values, for products of many tiles.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn group_dots(
     level: SimdLevel,
     w: &InterleavedWeights,
@@ -92,29 +98,65 @@ pub(crate) fn group_dots(
     t0: usize,
     n: usize,
     out: &mut [[f32; LANES]; TILE],
+    scales: Option<&[[f32; LANES]]>,
 ) {
     assert_eq!(
         acts.cols, w.cols,
         "activations and weights disagree on cols"
     );
     assert!((1..=TILE).contains(&n) && t0 + n <= acts.tokens);
+    if let Some(s) = scales {
+        assert_eq!(s.len(), w.row_blocks() * w.format.expanded_vectors());
+    }
     let group = w.group(g);
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the caller checked that the level runs on this CPU; the group and the
         // tokens hold the blocks of `w.cols` columns (checked above).
-        SimdLevel::Avx2 => unsafe { x86::avx2::tokens(w.format, group, acts, t0, n, out) },
+        SimdLevel::Avx2 => unsafe { x86::avx2::tokens(w.format, group, acts, t0, n, out, scales) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        SimdLevel::Avx512Vnni => unsafe { x86::vnni::tokens(w.format, group, acts, t0, n, out) },
+        SimdLevel::Avx512Vnni => unsafe {
+            x86::vnni::tokens(w.format, group, acts, t0, n, out, scales)
+        },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
-        SimdLevel::Neon => unsafe { arm::neon::tokens(w.format, group, acts, t0, n, out) },
+        SimdLevel::Neon => unsafe { arm::neon::tokens(w.format, group, acts, t0, n, out, scales) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
         SimdLevel::NeonDotprod => unsafe {
-            arm::dotprod::tokens(w.format, group, acts, t0, n, out)
+            arm::dotprod::tokens(w.format, group, acts, t0, n, out, scales)
         },
-        _ => portable::tokens(w.format, group, acts, t0, n, out),
+        _ => portable::tokens(w.format, group, acts, t0, n, out, scales),
+    }
+}
+
+/// Group `g`'s scales in FP32 into `out`, block after block: `d` and `m` per lane as the
+/// kernels take them, then K2's two mins (`QuantFormat::expanded_vectors` a block). A
+/// product of many tiles of tokens reads these instead of converting the K formats' steps
+/// in every tile; the values are the same.
+pub(crate) fn expand_scales(
+    level: SimdLevel,
+    w: &InterleavedWeights,
+    g: usize,
+    out: &mut [[f32; LANES]],
+) {
+    let (format, nb) = (w.format, w.row_blocks());
+    let k = format.expanded_vectors();
+    assert_eq!(out.len(), nb * k, "a group's expanded scales");
+    let group = w.group(g);
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the caller checked that the level runs on this CPU; the group holds
+        // `nb` group-blocks and `out` their vectors (checked above).
+        SimdLevel::Avx2 => unsafe { x86::avx2::expand(format, group, nb, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        SimdLevel::Avx512Vnni => unsafe { x86::vnni::expand(format, group, nb, out) },
+        _ => {
+            for (b, v) in out.chunks_exact_mut(k).enumerate() {
+                v.copy_from_slice(&block_lanes(format, group, nb, b, None)[..k]);
+            }
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::ops::Range;
 
 use crate::activations::Q8Activations;
 use crate::format::{five_bit, high_bits, QuantFormat, QBLOCK};
-use crate::interleaved::{group_mins, group_scales, LANES};
+use crate::interleaved::{block_lanes, LANES};
 
 /// `sum(q_w q_x)` of lane `l` over chunks `chunks` of one group-block (Q4 codes read as
 /// 0..15, Q5_0's as 0..31), of the nibble formats' values `halves` (0: `j < 16` from the
@@ -52,18 +52,15 @@ pub(super) fn tokens(
     t0: usize,
     n: usize,
     out: &mut [[f32; LANES]],
+    scales: Option<&[[f32; LANES]]>,
 ) {
-    let gbb = format.group_block_bytes();
+    let (gbb, nb) = (format.group_block_bytes(), acts.cols / QBLOCK);
     let chunks = (format.code_bytes() - format.high_bytes()) / 4;
     for (j, o) in out[..n].iter_mut().enumerate() {
         let (q, xd, xs, xh) = acts.token(t0 + j);
         *o = [0.0; LANES];
-        for (b, block) in group.chunks_exact(gbb).enumerate() {
-            let (d, m) = group_scales(format, block);
-            let (m0, m1) = match format {
-                QuantFormat::K2 => group_mins(block),
-                _ => ([0.0; LANES], [0.0; LANES]),
-            };
+        for (b, block) in group[..nb * gbb].chunks_exact(gbb).enumerate() {
+            let [d, m, m0, m1] = block_lanes(format, group, nb, b, scales);
             let x = &q[b * QBLOCK..(b + 1) * QBLOCK];
             for (l, acc) in o.iter_mut().enumerate() {
                 if format == QuantFormat::K8 {

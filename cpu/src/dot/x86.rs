@@ -5,7 +5,7 @@
 //! A group-block's eight rows sit in the lanes (see `crate::interleaved`): a 32-byte chunk
 //! of codes holds four bytes of each row, multiplied by the token's four matching
 //! activation bytes broadcast to every lane. Q4 and K4 codes (0..15) are unsigned and
-//! multiply the signed activations directly; Q5_0's and K5's (0..31, the high bits spread
+//! multiply the signed activations directly; Q5_0's, Q5_1's and K5's (0..31, the high bits spread
 //! into bytes) too, summed in 32 bits; Q8_0 and K8 codes are signed, so the product is
 //! taken as `|w| * (x with w's sign)`.
 
@@ -19,8 +19,8 @@ macro_rules! level {
         pub(super) mod $name {
             use std::arch::x86_64::*;
 
-            use crate::format::{QuantFormat, QBLOCK};
-            use crate::interleaved::LANES;
+            use crate::format::{QuantFormat, QBLOCK, SUPER_GROUPS};
+            use crate::interleaved::{super_entry, LANES};
 
             /// Accumulates one chunk of Q4 codes times activations into `a`.
             #[target_feature(enable = $features)]
@@ -57,22 +57,59 @@ macro_rules! level {
                 _mm256_and_si256(set, _mm256_set1_epi8(16))
             }
 
-            /// A group-block's two scale vectors, `d` and `m` (see `crate::dot`; K8: the
-            /// second half's `d`).
+            /// Scale steps `s` of a K format's group-block's eight rows, in FP32.
+            ///
+            /// # Safety
+            /// `block` starts a group-block of a K format with at least `s + 1` steps.
+            #[target_feature(enable = $features)]
+            unsafe fn steps(block: *const u8, s: usize) -> __m256 {
+                // SAFETY: eight signed bytes per step lead the group-block.
+                let bytes = unsafe { _mm_loadl_epi64(block.add(LANES * s) as *const __m128i) };
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes))
+            }
+
+            /// A super entry's eight `d` and eight `-dmin`, in FP32.
+            ///
+            /// # Safety
+            /// `sup` starts a super entry.
+            #[target_feature(enable = $features)]
+            unsafe fn super_halves(sup: *const u8) -> [__m256; 2] {
+                // SAFETY: two runs of eight halves.
+                unsafe {
+                    [
+                        _mm256_cvtph_ps(_mm_loadu_si128(sup as *const __m128i)),
+                        _mm256_cvtph_ps(_mm_loadu_si128(sup.add(16) as *const __m128i)),
+                    ]
+                }
+            }
+
+            /// A group-block's two scale vectors, `d` and `m` (see `crate::dot`; K8, K2:
+            /// the second half's `d`); `sup` its super-block's `d` and `-dmin` (the K
+            /// formats).
             ///
             /// # Safety
             /// `block` starts a group-block of `format`.
             #[target_feature(enable = $features)]
-            unsafe fn block_scales(format: QuantFormat, block: *const u8) -> (__m256, __m256) {
+            unsafe fn block_scales(
+                format: QuantFormat,
+                block: *const u8,
+                sup: [__m256; 2],
+            ) -> (__m256, __m256) {
                 // SAFETY: the scales lead the group-block.
                 unsafe {
-                    if format.wide_scales() {
-                        let d = _mm256_loadu_ps(block as *const f32);
-                        return (d, _mm256_loadu_ps(block.add(4 * LANES) as *const f32));
+                    if format.super_scales() {
+                        let second = match format.half_scales() {
+                            true => sup[0],
+                            false => sup[1],
+                        };
+                        return (
+                            _mm256_mul_ps(sup[0], steps(block, 0)),
+                            _mm256_mul_ps(second, steps(block, 1)),
+                        );
                     }
                     let d = _mm256_cvtph_ps(_mm_loadu_si128(block as *const __m128i));
                     let m = match format {
-                        QuantFormat::Q4_1 => {
+                        QuantFormat::Q4_1 | QuantFormat::Q5_1 => {
                             _mm256_cvtph_ps(_mm_loadu_si128(block.add(2 * LANES) as *const __m128i))
                         }
                         f => _mm256_mul_ps(d, _mm256_set1_ps(f.offset(1.0))),
@@ -81,16 +118,19 @@ macro_rules! level {
                 }
             }
 
-            /// K2's mins of the first and the second half (its scales 2 and 3).
+            /// K2's mins of the first and the second half (its steps 2 and 3 times
+            /// `-dmin`).
             ///
             /// # Safety
             /// `block` starts a K2 group-block.
             #[target_feature(enable = $features)]
-            unsafe fn k2_mins(block: *const u8) -> (__m256, __m256) {
-                // SAFETY: four vectors of FP32 scales lead the group-block.
+            unsafe fn k2_mins(block: *const u8, dmin: __m256) -> (__m256, __m256) {
+                // SAFETY: four runs of steps lead the group-block.
                 unsafe {
-                    let m0 = _mm256_loadu_ps(block.add(8 * LANES) as *const f32);
-                    (m0, _mm256_loadu_ps(block.add(12 * LANES) as *const f32))
+                    (
+                        _mm256_mul_ps(dmin, steps(block, 2)),
+                        _mm256_mul_ps(dmin, steps(block, 3)),
+                    )
                 }
             }
 
@@ -112,22 +152,47 @@ macro_rules! level {
                 nb: usize,
                 x: [crate::activations::TokenActs<'_>; N],
                 out: &mut [[f32; LANES]],
+                scales: Option<&[[f32; LANES]]>,
             ) {
                 let format = QuantFormat::ALL[F];
+                let k = format.expanded_vectors();
+                // Only the K formats have expanded scales: the others' tiles fold the
+                // branch away.
+                let scales = scales.filter(|_| format.super_scales());
                 let (gbb, codes_at) = (format.group_block_bytes(), format.group_codes_at());
-                debug_assert!(group.len() >= nb * gbb && out.len() >= N);
+                debug_assert!(group.len() >= format.group_bytes(nb) && out.len() >= N);
                 let mut acc = [_mm256_setzero_ps(); N];
+                let mut sup = [_mm256_setzero_ps(); 2];
                 let mask = _mm256_set1_epi8(15);
                 // SAFETY (every load below): within the group's `nb` group-blocks and
                 // each token's `nb` blocks, as the caller guarantees.
                 for b in 0..nb {
                     let block = unsafe { group.as_ptr().add(b * gbb) };
                     let codes = unsafe { block.add(codes_at) };
-                    let (d, m) = unsafe { block_scales(format, block) };
-                    // K2's mins, once per block for every token.
-                    let (m0, m1) = match format {
-                        QuantFormat::K2 => unsafe { k2_mins(block) },
-                        _ => (_mm256_setzero_ps(), _mm256_setzero_ps()),
+                    let ((d, m), (m0, m1)) = match scales {
+                        // SAFETY: `k` vectors a block (checked by `group_dots`).
+                        Some(s) => unsafe {
+                            let v = s.as_ptr().add(k * b) as *const f32;
+                            let mins = match format {
+                                QuantFormat::K2 => (
+                                    _mm256_loadu_ps(v.add(2 * LANES)),
+                                    _mm256_loadu_ps(v.add(3 * LANES)),
+                                ),
+                                _ => (_mm256_setzero_ps(), _mm256_setzero_ps()),
+                            };
+                            ((_mm256_loadu_ps(v), _mm256_loadu_ps(v.add(LANES))), mins)
+                        },
+                        None => unsafe {
+                            // The K formats' super-block scales, once per super-block.
+                            if format.super_scales() && b % SUPER_GROUPS == 0 {
+                                sup = super_halves(super_entry(format, group, nb, b).as_ptr());
+                            }
+                            let mins = match format {
+                                QuantFormat::K2 => k2_mins(block, sup[1]),
+                                _ => (_mm256_setzero_ps(), _mm256_setzero_ps()),
+                            };
+                            (block_scales(format, block, sup), mins)
+                        },
                     };
                     let xb: [*const i8; N] =
                         std::array::from_fn(|j| unsafe { x[j].0.as_ptr().add(QBLOCK * b) });
@@ -214,6 +279,41 @@ macro_rules! level {
                 for j in 0..N {
                     // SAFETY: out[j] holds LANES values.
                     unsafe { _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]) };
+                }
+            }
+
+            /// A group's scales in FP32 (see `crate::dot::expand_scales`).
+            ///
+            /// # Safety
+            /// The CPU has the level's features; `group` holds `nb` group-blocks of
+            /// `format` and their super entries, `out` `expanded_vectors` a block.
+            #[target_feature(enable = $features)]
+            pub(crate) unsafe fn expand(
+                format: QuantFormat,
+                group: &[u8],
+                nb: usize,
+                out: &mut [[f32; LANES]],
+            ) {
+                let (gbb, k) = (format.group_block_bytes(), format.expanded_vectors());
+                debug_assert!(group.len() >= format.group_bytes(nb) && out.len() >= k * nb);
+                let mut sup = [_mm256_setzero_ps(); 2];
+                for b in 0..nb {
+                    // SAFETY: within the group and `out`, as the caller guarantees.
+                    unsafe {
+                        let block = group.as_ptr().add(b * gbb);
+                        if format.super_scales() && b % SUPER_GROUPS == 0 {
+                            sup = super_halves(super_entry(format, group, nb, b).as_ptr());
+                        }
+                        let (d, m) = block_scales(format, block, sup);
+                        let v = out.as_mut_ptr().add(k * b) as *mut f32;
+                        _mm256_storeu_ps(v, d);
+                        _mm256_storeu_ps(v.add(LANES), m);
+                        if format == QuantFormat::K2 {
+                            let (m0, m1) = k2_mins(block, sup[1]);
+                            _mm256_storeu_ps(v.add(2 * LANES), m0);
+                            _mm256_storeu_ps(v.add(3 * LANES), m1);
+                        }
+                    }
                 }
             }
 

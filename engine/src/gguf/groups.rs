@@ -1,7 +1,7 @@
 //! The K-quants (and Q5_1) as groups of 32 values, `scale * q + min` with one scale and
-//! min per half of 16: the reader's dequantization of them, and the form the CPU kernels
-//! take them in. Each scale and min is the file's super-block scale times the group's
-//! small integer, exact in FP32.
+//! min per half of 16: the reader's dequantization of them, and the form the kernels take
+//! them in. Each scale and min is the file's super-block scale times the group's small
+//! integer ("step"), exact in FP32.
 
 use super::types::half;
 use super::GgmlType;
@@ -16,6 +16,10 @@ pub struct Group {
     pub scale: [f32; 2],
     /// What each half adds (0 where the format has no min).
     pub min: [f32; 2],
+    /// The K-quants' small integers behind `scale` and `min`, `[scale_0, scale_1, min_0,
+    /// min_1]`: `scale[h] = d * steps[h]` and `min[h] = -dmin * steps[2 + h]`, with `d`
+    /// and `dmin` the super-block's ([`GgmlType::super_halves`]). Zero for Q5_1.
+    pub steps: [i8; 4],
 }
 
 impl Group {
@@ -32,6 +36,20 @@ impl GgmlType {
             self,
             Self::Q2_K | Self::Q3_K | Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q5_1
         )
+    }
+
+    /// A K-quant super-block's `d` and `-dmin` as IEEE halves (`-dmin` is 0 for Q3_K and
+    /// Q6_K, which have none); `None` for the other types.
+    pub fn super_halves(self, b: &[u8]) -> Option<[u16; 2]> {
+        let bits = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+        // Negating an IEEE half flips its sign bit, exactly.
+        Some(match self {
+            Self::Q2_K => [bits(80), bits(82) ^ 0x8000],
+            Self::Q3_K => [bits(108), 0],
+            Self::Q4_K | Self::Q5_K => [bits(0), bits(2) ^ 0x8000],
+            Self::Q6_K => [bits(208), 0],
+            _ => return None,
+        })
     }
 
     /// Calls `f` with each group of 32 of block `b`, in order (eight for a K-quant, one
@@ -58,6 +76,7 @@ impl GgmlType {
                     q,
                     scale: [d; 2],
                     min: [m; 2],
+                    steps: [0; 4],
                 })
             }
             _ => panic!("{} has no groups of 32", self.name()),
@@ -75,10 +94,12 @@ fn q2_k(b: &[u8], mut f: impl FnMut(Group)) {
         let (half_block, plane) = (g / 4, g % 4);
         let q = std::array::from_fn(|l| ((qs[half_block * 32 + l] >> (2 * plane)) & 3) as i8);
         let sc = |h: usize| scales[2 * g + h];
+        let steps = [sc(0) & 15, sc(1) & 15, sc(0) >> 4, sc(1) >> 4].map(|s| s as i8);
         f(Group {
             q,
-            scale: [0, 1].map(|h| d * f32::from(sc(h) & 15)),
-            min: [0, 1].map(|h| -(dmin * f32::from(sc(h) >> 4))),
+            scale: [0, 1].map(|h| d * f32::from(steps[h])),
+            min: [0, 1].map(|h| -(dmin * f32::from(steps[2 + h]))),
+            steps,
         });
     }
 }
@@ -98,7 +119,7 @@ fn q3_k(b: &[u8], mut f: impl FnMut(Group)) {
             packed[s - 8] >> 4
         };
         let top = (packed[8 + s % 4] >> (2 * (s / 4))) & 3;
-        f32::from(low | top << 4) - 32.0
+        (low | top << 4) as i8 - 32
     };
     for g in 0..8 {
         let (half_block, plane) = (g / 4, g % 4);
@@ -107,10 +128,12 @@ fn q3_k(b: &[u8], mut f: impl FnMut(Group)) {
             let high = hmask[l] >> g & 1;
             q - if high == 1 { 0 } else { 4 }
         });
+        let steps = [scale(2 * g), scale(2 * g + 1), 0, 0];
         f(Group {
             q,
-            scale: [0, 1].map(|h| d * scale(2 * g + h)),
+            scale: [0, 1].map(|h| d * f32::from(steps[h])),
             min: [0.0; 2],
+            steps,
         });
     }
 }
@@ -119,7 +142,7 @@ fn q3_k(b: &[u8], mut f: impl FnMut(Group)) {
 /// `j < 4` in the low 6 bits of bytes `j` (scale) and `j + 4` (min); the others' low
 /// 4 bits in byte `j + 4` (scale low nibble, min high nibble) and their top 2 bits in the
 /// top bits of bytes `j - 4` (scale) and `j` (min).
-fn scale_min_k4(packed: &[u8], j: usize) -> (f32, f32) {
+fn scale_min_k4(packed: &[u8], j: usize) -> (i8, i8) {
     let (sc, m) = if j < 4 {
         (packed[j] & 63, packed[j + 4] & 63)
     } else {
@@ -128,7 +151,7 @@ fn scale_min_k4(packed: &[u8], j: usize) -> (f32, f32) {
             (packed[j + 4] >> 4) | (packed[j] >> 6) << 4,
         )
     };
-    (f32::from(sc), f32::from(m))
+    (sc as i8, m as i8)
 }
 
 /// Q4_K (and Q5_K, with `qh`): eight groups of 32 values, each `d * scale * q - dmin * min`.
@@ -147,8 +170,9 @@ fn q45_k(b: &[u8], qs: &[u8], qh: Option<&[u8]>, mut f: impl FnMut(Group)) {
         let (sc, m) = scale_min_k4(packed, g);
         f(Group {
             q,
-            scale: [d * sc; 2],
-            min: [-(dmin * m); 2],
+            scale: [d * f32::from(sc); 2],
+            min: [-(dmin * f32::from(m)); 2],
+            steps: [sc, sc, m, m],
         });
     }
 }
@@ -168,10 +192,12 @@ fn q6_k(b: &[u8], mut f: impl FnMut(Group)) {
             let top = (qh[n * 32 + l] >> (2 * quarter)) & 3;
             (low | top << 4) as i8 - 32
         });
+        let steps = [scales[2 * g] as i8, scales[2 * g + 1] as i8, 0, 0];
         f(Group {
             q,
-            scale: [0, 1].map(|h| d * f32::from(scales[2 * g + h] as i8)),
+            scale: [0, 1].map(|h| d * f32::from(steps[h])),
             min: [0.0; 2],
+            steps,
         });
     }
 }

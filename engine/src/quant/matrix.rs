@@ -109,13 +109,14 @@ impl<B: Backend> QuantMatrix<B> {
     pub fn download(&self) -> PackedMatrix {
         let (quants, scales) = match &self.store {
             QuantStore::Host { weights, .. } => {
-                let (codes, halves) = weights.to_row_major();
+                let blocks = weights.to_row_major();
                 return PackedMatrix::from_blocks(
                     self.ggml_type,
                     self.rows,
                     self.cols,
-                    &codes,
-                    &halves,
+                    &blocks.codes,
+                    &blocks.scales,
+                    &blocks.supers,
                 );
             }
             QuantStore::Device { quants, scales } => (quants, scales),

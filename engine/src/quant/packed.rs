@@ -9,9 +9,10 @@ use bytemuck::cast_slice;
 use half::f16;
 
 use crate::gguf::GgmlType;
+use fornax_cpu::SUPER_GROUPS;
 use fornax_shaders::quant_matmul::{
-    code_shift, code_value, codes_per_word, quant_words, K2, K4, K5, K5_SCALE_WORDS, K8, Q4_0,
-    Q4_1, Q8_0, QBLOCK,
+    code_shift, code_value, codes_per_word, quant_words, K2, K2_SCALE_WORDS, K4, K5,
+    K5_SCALE_WORDS, K8, Q4_0, Q4_1, Q8_0, QBLOCK,
 };
 
 /// A `[rows, cols]` block-quantized matrix in the kernels' layout, on the host.
@@ -25,14 +26,10 @@ pub struct PackedMatrix {
     pub cols: usize,
     /// Code words.
     pub quants: Vec<u32>,
-    /// Scale words: IEEE halves, or (the K-quants' groups) FP32 values as two words.
+    /// Scale words: IEEE halves, or (the K-quants' groups) their steps, one byte each.
     pub scales: Vec<u32>,
-}
-
-/// A 32-bit word (an FP32 scale's bits) as two 16-bit words, low first: how the groups of
-/// 32 keep their FP32 scales among the scale halves.
-fn word_halves(w: u32) -> [u16; 2] {
-    [w as u16, (w >> 16) as u16]
+    /// The K-quants' super-blocks' `d` and `-dmin` as IEEE halves (empty for the others).
+    pub supers: Vec<u16>,
 }
 
 /// The kernels' format code of a GGUF type, `None` for types they do not read.
@@ -49,8 +46,8 @@ pub fn format_code(ty: GgmlType) -> Option<u32> {
     }
 }
 
-/// The CPU kernels' format for `ty`: the legacy blocks as they are, the K-quants (and
-/// Q5_1) as groups of 32 with FP32 scales; `None` for the float types.
+/// The CPU kernels' format for `ty`: the legacy blocks as they are, the K-quants as
+/// groups of 32 with their super-blocks' scales; `None` for the float types.
 pub fn cpu_format(ty: GgmlType) -> Option<fornax_cpu::QuantFormat> {
     use fornax_cpu::QuantFormat as F;
     Some(match ty {
@@ -58,8 +55,9 @@ pub fn cpu_format(ty: GgmlType) -> Option<fornax_cpu::QuantFormat> {
         GgmlType::Q4_1 => F::Q4_1,
         GgmlType::Q8_0 => F::Q8_0,
         GgmlType::Q5_0 => F::Q5_0,
+        GgmlType::Q5_1 => F::Q5_1,
         GgmlType::Q4_K => F::K4,
-        GgmlType::Q5_K | GgmlType::Q5_1 => F::K5,
+        GgmlType::Q5_K => F::K5,
         GgmlType::Q6_K | GgmlType::Q3_K => F::K8,
         GgmlType::Q2_K => F::K2,
         _ => return None,
@@ -75,8 +73,8 @@ pub fn packable(ty: GgmlType) -> bool {
 impl PackedMatrix {
     /// Repacks the GGUF blocks of a `[rows, cols]` matrix; `None` for a type without
     /// kernels, rows that are not whole blocks, or `bytes` that are not `rows * cols` values.
-    /// A legacy block's codes are what follows its halves (Q5_0: `qh`, then the nibbles);
-    /// the K-quants and Q5_1 become groups of 32 (`PackedMatrix::pack_groups`).
+    /// A legacy block's codes are what follows its halves (Q5_0, Q5_1: `qh`, then the
+    /// nibbles); the K-quants become groups of 32 (`PackedMatrix::pack_groups`).
     pub fn pack(ty: GgmlType, bytes: &[u8], rows: usize, cols: usize) -> Option<Self> {
         let format = cpu_format(ty)?;
         let block_bytes = ty.block_bytes() as usize;
@@ -85,30 +83,25 @@ impl PackedMatrix {
         if !cols.is_multiple_of(per_block) || bytes.len() != blocks * block_bytes {
             return None;
         }
-        if ty.has_groups() {
+        if format.super_scales() {
             return Some(Self::pack_groups(ty, format, bytes, rows, cols));
         }
-        // Offset of the codes in a block: after d (and m for Q4_1).
-        let codes_at = if ty == GgmlType::Q4_1 { 4 } else { 2 };
+        // Offset of the codes in a block: after d (and m for Q4_1 and Q5_1).
+        let codes_at = 2 * format.scales();
         let mut codes = Vec::with_capacity(blocks * (block_bytes - codes_at));
         let mut halves: Vec<u16> = Vec::with_capacity(blocks * 2);
         for block in bytes.chunks_exact(block_bytes) {
-            halves.push(u16::from_le_bytes([block[0], block[1]]));
-            if ty == GgmlType::Q4_1 {
-                halves.push(u16::from_le_bytes([block[2], block[3]]));
-            }
+            let words = block[..codes_at].chunks_exact(2);
+            halves.extend(words.map(|h| u16::from_le_bytes([h[0], h[1]])));
             codes.extend_from_slice(&block[codes_at..]);
         }
-        if let Some(format) = format_code(ty) {
-            debug_assert_eq!(codes.len(), blocks * 4 * quant_words(format));
-        }
-        Some(Self::from_blocks(ty, rows, cols, &codes, &halves))
+        Some(Self::from_blocks(ty, rows, cols, &codes, &halves, &[]))
     }
 
-    /// A K-quant (or Q5_1) matrix as the CPU kernels' groups of 32 (`format`: K4, K5, K8
-    /// or K2): codes as Q4_1's, Q5_0's or signed bytes, and each group's FP32 scales
-    /// (`scale, min`, K8's scale per half, K2's scale per half then min per half) as two
-    /// 16-bit words each, low first.
+    /// A K-quant matrix as the CPU kernels' groups of 32 (`format`: K4, K5, K8 or K2):
+    /// codes as Q4_1's, Q5_0's or signed bytes, each group's steps (`scale, min`, K8's
+    /// scale per half, K2's scale per half then min per half) as bytes, two a word, and
+    /// each super-block's `d` and `-dmin`.
     fn pack_groups(
         ty: GgmlType,
         format: fornax_cpu::QuantFormat,
@@ -119,19 +112,19 @@ impl PackedMatrix {
         use fornax_cpu::QuantFormat as F;
         let groups = rows * cols / QBLOCK;
         let mut codes = Vec::with_capacity(groups * format.code_bytes());
-        let mut words: Vec<u16> = Vec::with_capacity(groups * format.scale_halves());
+        let mut steps: Vec<u8> = Vec::with_capacity(groups * format.block_scale_bytes());
+        let mut supers: Vec<u16> = Vec::with_capacity(2 * groups / SUPER_GROUPS);
         for block in bytes.chunks_exact(ty.block_bytes() as usize) {
+            supers.extend(ty.super_halves(block).expect("a K-quant"));
             ty.groups(block, |g| {
                 let u = |j: usize| g.q[j] as u8;
-                let scales = match format {
-                    F::K2 => &[g.scale[0], g.scale[1], g.min[0], g.min[1]][..],
-                    F::K8 => &g.scale[..],
-                    _ => &[g.scale[0], g.min[0]][..],
+                let s = g.steps;
+                let own = match format {
+                    F::K2 => &s[..],
+                    F::K8 => &s[..2],
+                    _ => &[s[0], s[2]][..],
                 };
-                debug_assert!(
-                    matches!(format, F::K8 | F::K2)
-                        || (g.scale[0], g.min[0]) == (g.scale[1], g.min[1])
-                );
+                steps.extend(own.iter().map(|&v| v as u8));
                 match format {
                     F::K8 => codes.extend((0..32).map(u)),
                     _ => {
@@ -142,58 +135,71 @@ impl PackedMatrix {
                         codes.extend((0..16).map(|j| u(j) & 15 | (u(j + 16) & 15) << 4));
                     }
                 }
-                for v in scales {
-                    words.extend(word_halves(v.to_bits()));
-                }
             });
         }
-        Self::from_blocks(ty, rows, cols, &codes, &words)
+        let words: Vec<u16> = steps
+            .chunks_exact(2)
+            .map(|w| u16::from_le_bytes([w[0], w[1]]))
+            .collect();
+        Self::from_blocks(ty, rows, cols, &codes, &words, &supers)
     }
 
-    /// Bytes one row of `cols` values of `ty` takes once packed (the K-quants' groups are
-    /// wider than the file's super-blocks); `None` for a type without kernels.
+    /// Bytes one row of `cols` values of `ty` takes once packed, the larger of the host's
+    /// and the device's (whose K-quant scales are FP32); `None` for a type without kernels.
     pub fn row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
         let f = cpu_format(ty)?;
-        let host = f.code_bytes() + 2 * f.scale_halves();
-        // K5 on the device: four code words and three scale words a block.
-        let device = match format_code(ty) {
-            Some(K5) => 4 * (4 + K5_SCALE_WORDS),
-            _ => 0,
+        let blocks = cols / QBLOCK;
+        let supers = match f.super_scales() {
+            true => 4 * blocks / SUPER_GROUPS,
+            false => 0,
         };
-        Some(cols / QBLOCK * host.max(device))
+        let host = blocks * (f.code_bytes() + f.block_scale_bytes()) + supers;
+        let device = blocks
+            * match format_code(ty) {
+                Some(K5) => 4 * (4 + K5_SCALE_WORDS),
+                Some(code) if f.super_scales() => f.code_bytes() + 4 * device_scale_words(code),
+                _ => 0,
+            };
+        Some(host.max(device))
     }
 
-    /// The code and scale words as the CubeCL kernels read them: the same words, but K5's
-    /// (Q5_0, Q5_1, Q5_K) as Q4's four code words a block and three scale words (FP32 `d`
-    /// and `m`, the fifth bits), so code words stay whole vectors of four.
+    /// The code and scale words as the CubeCL kernels read them: the legacy formats' words
+    /// as they are; the K-quants' scales as FP32 words, `d` and `m` (K8: `d` per half; K2:
+    /// `d` per half, then `m` per half); and the 5-bit types (Q5_0, Q5_1, Q5_K) as Q4's
+    /// four code words a block and three scale words (FP32 `d` and `m`, the fifth bits),
+    /// so code words stay whole vectors of four.
     pub fn device_words(&self) -> (Cow<'_, [u32]>, Cow<'_, [u32]>) {
-        if format_code(self.ggml_type) != Some(K5) {
+        let code = self.format();
+        let view = self.cpu_view();
+        if code != K5 && !view.format().super_scales() {
             return (Cow::Borrowed(&self.quants), Cow::Borrowed(&self.scales));
         }
         let blocks = self.rows * self.cols / QBLOCK;
+        let per_row = self.cols / QBLOCK;
+        let mut scales = Vec::with_capacity(device_scale_words(code) * blocks);
         let mut quants = Vec::with_capacity(4 * blocks);
-        let mut scales = Vec::with_capacity(K5_SCALE_WORDS * blocks);
-        for (b, words) in self.quants.chunks_exact(5).enumerate() {
-            let (d, m) = self.k5_scales(b);
-            quants.extend_from_slice(&words[1..]);
-            scales.extend([d.to_bits(), m.to_bits(), words[0]]);
+        let code_words = view.format().code_bytes() / 4;
+        for b in 0..blocks {
+            let (d, m) = view.block_scales(b / per_row, b % per_row);
+            let words = &self.quants[b * code_words..(b + 1) * code_words];
+            match code {
+                K5 => {
+                    quants.extend_from_slice(&words[1..]);
+                    scales.extend([d[0].to_bits(), m[0].to_bits(), words[0]]);
+                }
+                K8 => scales.extend(d.map(f32::to_bits)),
+                K2 => scales.extend(d.into_iter().chain(m).map(f32::to_bits)),
+                _ => scales.extend([d[0].to_bits(), m[0].to_bits()]),
+            }
         }
-        (Cow::Owned(quants), Cow::Owned(scales))
+        match code {
+            K5 => (Cow::Owned(quants), Cow::Owned(scales)),
+            _ => (Cow::Borrowed(&self.quants), Cow::Owned(scales)),
+        }
     }
 
-    /// Block `b`'s `d` and `m` (K5's types): Q5_0's half `d` with `m = -16 d` (exact in
-    /// FP32), else the two FP32 words.
-    fn k5_scales(&self, b: usize) -> (f32, f32) {
-        if self.ggml_type == GgmlType::Q5_0 {
-            let halves: &[u16] = cast_slice(&self.scales);
-            let d = f16::from_bits(halves[b]).to_f32();
-            return (d, -16.0 * d);
-        }
-        let w = &self.scales[2 * b..2 * b + 2];
-        (f32::from_bits(w[0]), f32::from_bits(w[1]))
-    }
-
-    /// The matrix from [`Self::device_words`] (read back from a device).
+    /// The matrix from [`Self::device_words`] (read back from a device): the K-quants'
+    /// FP32 scales factored back into steps of an IEEE half per super-block.
     pub fn from_device_words(
         ggml_type: GgmlType,
         rows: usize,
@@ -201,39 +207,88 @@ impl PackedMatrix {
         quants: Vec<u32>,
         scales: Vec<u32>,
     ) -> Self {
-        if format_code(ggml_type) != Some(K5) {
+        let format = cpu_format(ggml_type).expect("packed matrices have a CPU format");
+        let code = format_code(ggml_type).expect("packed matrices have a kernel format");
+        if code != K5 && !format.super_scales() {
             return Self {
                 ggml_type,
                 rows,
                 cols,
                 quants,
                 scales,
+                supers: Vec::new(),
             };
         }
-        let mut codes = Vec::with_capacity(5 * quants.len());
-        let mut halves: Vec<u16> = Vec::new();
+        let per = device_scale_words(code);
+        let value = |w: u32| f32::from_bits(w);
+        let mut codes = Vec::with_capacity(4 * quants.len() + 4 * scales.len() / per);
+        // Per block: (d, m) for K4 and the 5-bit types, the halves' `d` for K8, then `m`
+        // for K2.
+        let mut block_scales: Vec<[f32; 4]> = Vec::with_capacity(scales.len() / per);
+        let code_words = match code {
+            K5 => 4,
+            _ => format.code_bytes() / 4,
+        };
         for (words, s) in quants
-            .chunks_exact(4)
-            .zip(scales.chunks_exact(K5_SCALE_WORDS))
+            .chunks_exact(code_words)
+            .zip(scales.chunks_exact(per))
         {
-            codes.extend(s[2].to_le_bytes());
+            if code == K5 {
+                codes.extend(s[2].to_le_bytes());
+            }
             codes.extend(words.iter().flat_map(|w| w.to_le_bytes()));
-            match ggml_type {
-                GgmlType::Q5_0 => halves.push(f16::from_f32(f32::from_bits(s[0])).to_bits()),
-                _ => halves.extend([s[0], s[1]].into_iter().flat_map(word_halves)),
+            block_scales.push(match code {
+                K2 => [value(s[0]), value(s[1]), value(s[2]), value(s[3])],
+                _ => [value(s[0]), value(s[1]), 0.0, 0.0],
+            });
+        }
+        if !format.super_scales() {
+            // Q5_0 and Q5_1: their IEEE halves, exact in FP32 and back.
+            let halves: Vec<u16> = block_scales
+                .iter()
+                .flat_map(|s| &s[..format.scales()])
+                .map(|&v| f16::from_f32(v).to_bits())
+                .collect();
+            return Self::from_blocks(ggml_type, rows, cols, &codes, &halves, &[]);
+        }
+        let mut steps: Vec<u8> =
+            Vec::with_capacity(format.block_scale_bytes() * block_scales.len());
+        let mut supers = Vec::with_capacity(2 * block_scales.len() / SUPER_GROUPS);
+        for sb in block_scales.chunks_exact(SUPER_GROUPS) {
+            // Which of a block's four values are scales (times `d`) and which mins.
+            let (ds, ms): (&[usize], &[usize]) = match format {
+                fornax_cpu::QuantFormat::K2 => (&[0, 1], &[2, 3]),
+                fornax_cpu::QuantFormat::K8 => (&[0, 1], &[]),
+                _ => (&[0], &[1]),
+            };
+            let pick = |at: &[usize]| -> Vec<f32> {
+                sb.iter().flat_map(|s| at.iter().map(|&i| s[i])).collect()
+            };
+            let (d, d_steps) = factor(&pick(ds)).expect("device scales expanded from steps");
+            let (dmin, m_steps) = factor(&pick(ms)).expect("device mins expanded from steps");
+            supers.extend([d.to_bits(), dmin.to_bits()]);
+            for g in 0..SUPER_GROUPS {
+                let own_d = &d_steps[g * ds.len()..(g + 1) * ds.len()];
+                let own_m = &m_steps[g * ms.len()..(g + 1) * ms.len()];
+                steps.extend(own_d.iter().chain(own_m).map(|&v| v as u8));
             }
         }
-        Self::from_blocks(ggml_type, rows, cols, &codes, &halves)
+        let words: Vec<u16> = steps
+            .chunks_exact(2)
+            .map(|w| u16::from_le_bytes([w[0], w[1]]))
+            .collect();
+        Self::from_blocks(ggml_type, rows, cols, &codes, &words, &supers)
     }
 
-    /// The matrix from its blocks' codes (in the file's order) and scale halves (Q4_1:
-    /// `d, m` per block), as the CPU kernels' layout gives them back.
+    /// The matrix from its blocks' codes (in the file's order), scale words (Q4_1: `d, m`
+    /// per block) and super-block halves, as the CPU kernels' layout gives them back.
     pub fn from_blocks(
         ty: GgmlType,
         rows: usize,
         cols: usize,
         codes: &[u8],
         halves: &[u16],
+        supers: &[u16],
     ) -> Self {
         let quants = codes
             .chunks_exact(4)
@@ -249,6 +304,7 @@ impl PackedMatrix {
             cols,
             quants,
             scales: cast_slice::<u16, u32>(&halves).to_vec(),
+            supers: supers.to_vec(),
         }
     }
 
@@ -266,13 +322,14 @@ impl PackedMatrix {
             self.cols,
             cast_slice(&self.quants),
             cast_slice(&self.scales),
+            &self.supers,
         )
         .expect("packed matrices hold whole blocks of their shape")
     }
 
-    /// Bytes of the two word arrays.
+    /// Bytes of the word arrays.
     pub fn bytes(&self) -> usize {
-        4 * (self.quants.len() + self.scales.len())
+        4 * (self.quants.len() + self.scales.len()) + 2 * self.supers.len()
     }
 
     /// All values as `[rows, cols]` FP32, decoded from the packed words (the reference).
@@ -311,4 +368,44 @@ impl PackedMatrix {
         }
         out
     }
+}
+
+/// FP32 scale words per block on the device for the K-quants' and 5-bit types' codes.
+fn device_scale_words(code: u32) -> usize {
+    match code {
+        K2 => K2_SCALE_WORDS,
+        K5 => K5_SCALE_WORDS,
+        _ => 2,
+    }
+}
+
+/// `values` as one IEEE half times signed bytes, exactly (`None` where no such factoring
+/// exists): how FP32 scales read back from a device become a super-block's half and its
+/// groups' steps again. Any factoring serves, since the products are the same values.
+fn factor(values: &[f32]) -> Option<(f16, Vec<i8>)> {
+    let top = values.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    if top == 0.0 {
+        return Some((f16::ZERO, vec![0; values.len()]));
+    }
+    // The largest value is `d` times some step of magnitude `k`.
+    for k in 1..=128u8 {
+        for sign in [1.0f32, -1.0] {
+            let d = sign * top / f32::from(k);
+            let half = f16::from_f32(d);
+            if half.to_f32() != d {
+                continue;
+            }
+            let steps: Option<Vec<i8>> = values
+                .iter()
+                .map(|&v| {
+                    let s = (v / d).round();
+                    ((-128.0..=127.0).contains(&s) && d * s == v).then_some(s as i8)
+                })
+                .collect();
+            if let Some(steps) = steps {
+                return Some((half, steps));
+            }
+        }
+    }
+    None
 }

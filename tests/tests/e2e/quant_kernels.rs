@@ -346,23 +346,40 @@ fn row_gather_matches_the_dequantized_rows() {
     }
 }
 
-/// The Q5 types go to the device as K5 (four code words and three scale words a block)
-/// and come back as the host packed them.
+/// The Q5 types go to the device as K5 (four code words and three scale words a block),
+/// the K-quants with FP32 scales, and every type comes back as the host packed it: the
+/// same words, or (the K-quants, whose scales come back factored again) the same codes
+/// and values.
 #[test]
-fn five_bit_words_come_back_from_the_device_as_packed() {
+fn words_come_back_from_the_device_as_packed() {
     let _shared = crate::common::wgpu_shared();
     let device = wgpu_device().unwrap().0;
     let mut rng = StdRng::seed_from_u64(50);
-    for ty in [GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q5_K] {
+    for ty in [
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q5_K,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q3_K,
+        GgmlType::Q2_K,
+    ] {
         // Three rows of Q5_0 blocks: an odd block count, so a padding half.
         let (rows, cols) = (3, whole(ty, 32));
         let bytes = random_blocks(ty, rows, cols, &mut rng);
         let packed = PackedMatrix::pack(ty, &bytes, rows, cols).unwrap();
         let w = QuantMatrix::<B>::upload(&packed, &device);
-        let (quants, scales) = w.device_words().expect("on the device");
-        assert_eq!(quants.dims()[0], rows * cols / 32 * 4, "{ty:?}");
-        assert_eq!(scales.dims()[0], rows * cols / 32 * 3, "{ty:?}");
-        assert_eq!(w.download(), packed, "{ty:?}");
+        let back = w.download();
+        if matches!(ty, GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q5_K) {
+            let (quants, scales) = w.device_words().expect("on the device");
+            assert_eq!(quants.dims()[0], rows * cols / 32 * 4, "{ty:?}");
+            assert_eq!(scales.dims()[0], rows * cols / 32 * 3, "{ty:?}");
+        }
+        assert_eq!(back.quants, packed.quants, "{ty:?}");
+        assert_eq!(back.dequantize(), packed.dequantize(), "{ty:?}");
+        if ty.block_elements() == 32 {
+            assert_eq!(back, packed, "{ty:?}");
+        }
     }
 }
 
@@ -438,4 +455,28 @@ fn cpu_backend_keeps_blocks_on_the_host_and_multiplies_with_the_kernels() {
     let want = InterleavedWeights::new(&packed.cpu_view())
         .matmul_q8(&Q8Activations::quantize(&x, 2, cols), SimdLevel::best());
     assert_eq!(got, want);
+}
+
+/// On the CPU backend the K-quants keep the file's scales (a byte a step, two halves a
+/// super-block): Q4_K and Q5_K take the file's bytes within 3%, and come back exactly.
+#[test]
+fn cpu_backend_keeps_k_quants_at_the_file_size() {
+    use fornax_cpu::LANES;
+    let device = Default::default();
+    let mut rng = StdRng::seed_from_u64(12);
+    let (rows, cols) = (24, 512);
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+        let bytes = random_blocks(ty, rows, cols, &mut rng);
+        let packed = PackedMatrix::pack(ty, &bytes, rows, cols).unwrap();
+        let w = QuantMatrix::<Cpu>::upload(&packed, &device);
+        assert_eq!(rows % LANES, 0, "no padding rows");
+        let ratio = w.bytes() as f64 / bytes.len() as f64;
+        eprintln!(
+            "{ty:?}: {} bytes on the host for {} in the file ({ratio:.4}x)",
+            w.bytes(),
+            bytes.len()
+        );
+        assert!((1.0..1.03).contains(&ratio), "{ty:?}: {ratio}");
+        assert_eq!(w.download(), packed, "{ty:?}");
+    }
 }
