@@ -39,12 +39,18 @@ pub enum QuantFormat {
     K2,
     /// `d * q + m`, 5-bit codes as Q5_0's with IEEE halves `d` and `m`.
     Q5_1,
+    /// `d_h * (q - 32)`, 6-bit codes with steps `(scale_0, scale_1)`, one per half `h` of
+    /// 16 values: a group of a Q6_K super-block. Eight bytes of high bits, two a value,
+    /// then the low nibbles as Q4's: high byte `4p + i` (`p < 2`, `i < 4`) holds those of
+    /// values `8p + i`, `16 + 8p + i`, `8p + 4 + i` and `20 + 8p + i` at bits 0, 2, 4 and
+    /// 6, so that a vector shift lines up a chunk's high bits with its nibbles.
+    K6,
 }
 
 impl QuantFormat {
     /// Every format, in declaration order (`ALL[f as usize] == f`): the kernels take a
     /// format as a const index into it, so its tests fold away.
-    pub const ALL: [QuantFormat; 9] = [
+    pub const ALL: [QuantFormat; 10] = [
         Self::Q4_0,
         Self::Q4_1,
         Self::Q8_0,
@@ -54,22 +60,23 @@ impl QuantFormat {
         Self::K8,
         Self::K2,
         Self::Q5_1,
+        Self::K6,
     ];
 
-    /// Code bytes per block: 16 nibble pairs, 32 bytes, or (Q5_0, Q5_1, K5) 4 bytes of
-    /// high bits and 16 nibble pairs.
+    /// Code bytes per block: 16 nibble pairs, 32 bytes, or (Q5_0, Q5_1, K5; K6) 4 (8)
+    /// bytes of high bits and 16 nibble pairs.
     pub const fn code_bytes(self) -> usize {
         match self {
             Self::Q8_0 | Self::K8 => 32,
-            Self::Q5_0 | Self::Q5_1 | Self::K5 => 20,
-            _ => 16,
+            _ => 16 + self.high_bytes(),
         }
     }
 
-    /// Bytes of high bits at the start of a block's codes (Q5_0's `qh`).
+    /// Bytes of high bits at the start of a block's codes (Q5_0's `qh`; K6's two words).
     pub const fn high_bytes(self) -> usize {
         match self {
             Self::Q5_0 | Self::Q5_1 | Self::K5 => 4,
+            Self::K6 => 8,
             _ => 0,
         }
     }
@@ -82,12 +89,18 @@ impl QuantFormat {
     /// Whether the scales are steps of a super-block's two halves (the K formats) rather
     /// than IEEE halves of their own.
     pub const fn super_scales(self) -> bool {
-        matches!(self, Self::K4 | Self::K5 | Self::K8 | Self::K2)
+        matches!(self, Self::K4 | Self::K5 | Self::K8 | Self::K2 | Self::K6)
     }
 
-    /// Whether each half of 16 values has its own scale (K8, K2), summed apart.
+    /// Whether each half of 16 values has its own scale (K8, K2, K6), summed apart.
     pub(crate) const fn half_scales(self) -> bool {
-        matches!(self, Self::K8 | Self::K2)
+        matches!(self, Self::K8 | Self::K2 | Self::K6)
+    }
+
+    /// Whether each half of 16 values has its own offset (K2, K6), from the activations'
+    /// sum over that half.
+    pub(crate) const fn half_mins(self) -> bool {
+        matches!(self, Self::K2 | Self::K6)
     }
 
     /// Whether a block's product has an offset term `m * sum(x)`.
@@ -100,7 +113,7 @@ impl QuantFormat {
     pub const fn scales(self) -> usize {
         match self {
             Self::K2 => 4,
-            Self::Q4_1 | Self::Q5_1 | Self::K4 | Self::K5 | Self::K8 => 2,
+            Self::Q4_1 | Self::Q5_1 | Self::K4 | Self::K5 | Self::K8 | Self::K6 => 2,
             _ => 1,
         }
     }
@@ -148,7 +161,7 @@ impl QuantFormat {
     /// Scale `d` and offset `m` per half of 16 values of a block from its scale bytes
     /// (`steps`: the block's [`Self::block_scale_bytes`]) and, for the K formats, its
     /// super-block's `d` and `-dmin` (`sup`): `([d, d], [m, m])`, K8's `([d_0, d_1], [0,
-    /// 0])`, K2's `([d_0, d_1], [m_0, m_1])`.
+    /// 0])`, K2's `([d_0, d_1], [m_0, m_1])`, K6's `([d_0, d_1], [-32 d_0, -32 d_1])`.
     pub(crate) fn block_scales(self, steps: &[u8], sup: [f32; 2]) -> ([f32; 2], [f32; 2]) {
         let step = |i: usize| f32::from(steps[i] as i8);
         let half = |i: usize| {
@@ -160,6 +173,10 @@ impl QuantFormat {
                 [sup[1] * step(2), sup[1] * step(3)],
             ),
             Self::K8 => ([sup[0] * step(0), sup[0] * step(1)], [0.0; 2]),
+            Self::K6 => {
+                let d = [sup[0] * step(0), sup[0] * step(1)];
+                (d, d.map(|d| -32.0 * d))
+            }
             Self::K4 | Self::K5 => ([sup[0] * step(0); 2], [sup[1] * step(1); 2]),
             Self::Q4_1 | Self::Q5_1 => ([half(0); 2], [half(1); 2]),
             f => ([half(0); 2], [f.offset(half(0)); 2]),
@@ -319,9 +336,8 @@ impl<'a> QuantWeights<'a> {
                 continue;
             }
             let (high, nibbles) = block.split_at(self.format.high_bytes());
-            let qh = high_bits(high);
             for (j, &byte) in nibbles.iter().enumerate() {
-                let (lo, hi) = five_bit(byte, qh, j);
+                let (lo, hi) = with_high_bits(self.format, byte, high, j);
                 values[j] = d[0] * f32::from(lo) + m[0];
                 values[j + 16] = d[1] * f32::from(hi) + m[1];
             }
@@ -339,16 +355,22 @@ fn super_at(supers: &[u16], b: usize) -> [f32; 2] {
     }
 }
 
-/// A block's high bits as one word (zero where the format has none).
-pub(crate) fn high_bits(high: &[u8]) -> u32 {
-    high.iter()
-        .enumerate()
-        .fold(0, |w, (i, &b)| w | u32::from(b) << (8 * i))
-}
-
-/// Codes `j` and `j + 16` of a block from nibble byte `j` and the high bits `qh` (Q4:
-/// `qh` is 0).
-pub(crate) fn five_bit(byte: u8, qh: u32, j: usize) -> (u8, u8) {
-    let bit = |k: usize| ((qh >> k) & 1) as u8;
-    ((byte & 15) | bit(j) << 4, (byte >> 4) | bit(j + 16) << 4)
+/// Codes `j` and `j + 16` of a block from nibble byte `j` and the block's high bytes
+/// (Q4: none; Q5_0, Q5_1, K5: the fifth bits' word; K6: two bits a value).
+pub(crate) fn with_high_bits(format: QuantFormat, byte: u8, high: &[u8], j: usize) -> (u8, u8) {
+    let (lo, hi) = (byte & 15, byte >> 4);
+    match high.len() {
+        0 => (lo, hi),
+        8 => {
+            debug_assert_eq!(format, QuantFormat::K6);
+            let (k, s) = (4 * (j / 8) + j % 4, 4 * (j / 4 % 2));
+            let two = |at: usize| (high[k] >> at) & 3;
+            (lo | two(s) << 4, hi | two(s + 2) << 4)
+        }
+        _ => {
+            let qh = u32::from_le_bytes([high[0], high[1], high[2], high[3]]);
+            let bit = |k: usize| ((qh >> k) & 1) as u8;
+            (lo | bit(j) << 4, hi | bit(j + 16) << 4)
+        }
+    }
 }

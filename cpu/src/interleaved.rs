@@ -8,7 +8,8 @@
 //!   then (Q4_1, Q5_1) their eight `m`; the K formats' steps as signed bytes (K4, K5: the
 //!   scale steps, then the min steps; K8: the first then the second half's; K2: the
 //!   halves' scale steps, then their min steps);
-//! - (Q5_0, Q5_1, K5) the eight rows' high-bit words `qh`, row `l`'s at `4l`;
+//! - (Q5_0, Q5_1, K5; K6) the eight rows' high-bit words `qh`, row `l`'s at `4l` (K6: the
+//!   fifth bits' words, then the sixth's);
 //! - the eight rows' codes in chunks of 32 bytes: chunk `c` holds 4 bytes of each row,
 //!   row `l`'s bytes `4c..4c + 4` of its block at `32c + 4l`. For Q4 that is values
 //!   `4c..4c + 4` in the low nibbles and `16 + 4c..` in the high ones; for Q8_0 and K8
@@ -56,7 +57,7 @@ const fn scale_offset(format: QuantFormat, l: usize, k: usize) -> usize {
 }
 
 /// Where row `l`'s code byte `i` of a block lies among a group-block's codes.
-const fn code_offset(l: usize, i: usize) -> usize {
+pub(crate) const fn code_offset(l: usize, i: usize) -> usize {
     (i / 4) * 32 + l * 4 + i % 4
 }
 
@@ -77,10 +78,10 @@ impl QuantFormat {
     }
 
     /// FP32 vectors per block in a group's expanded scales (`crate::dot::expand_scales`):
-    /// `d` and `m`, and K2's two mins.
+    /// `d` and `m`, and K2's and K6's two mins.
     pub(crate) const fn expanded_vectors(self) -> usize {
         match self {
-            Self::K2 => 4,
+            Self::K2 | Self::K6 => 4,
             _ => 2,
         }
     }
@@ -132,7 +133,9 @@ impl InterleavedWeights {
                     block[scale_offset(format, l, k)] = byte;
                 }
                 let own = &codes[b * cb..(b + 1) * cb];
-                block[high_at + hb * l..high_at + hb * (l + 1)].copy_from_slice(&own[..hb]);
+                for (i, &byte) in own[..hb].iter().enumerate() {
+                    block[high_at + code_offset(l, i)] = byte;
+                }
                 for (i, &byte) in own[hb..].iter().enumerate() {
                     block[codes_at + code_offset(l, i)] = byte;
                 }
@@ -205,7 +208,7 @@ impl InterleavedWeights {
             out.scales
                 .extend(words.map(|w| u16::from_le_bytes([w[0], w[1]])));
             out.codes
-                .extend_from_slice(&block[high_at + hb * l..high_at + hb * (l + 1)]);
+                .extend((0..hb).map(|i| block[high_at + code_offset(l, i)]));
             out.codes
                 .extend((0..cb - hb).map(|i| block[codes_at + code_offset(l, i)]));
         }
@@ -288,8 +291,8 @@ fn group_scales(format: QuantFormat, block: &[u8], sup: &[u8]) -> ([f32; LANES],
     (d, m)
 }
 
-/// Block `b`'s scales per lane in a group of `nb` blocks a row: `d`, `m` and K2's two
-/// mins (zeros for the other formats), from `scales` where given (the group's expanded
+/// Block `b`'s scales per lane in a group of `nb` blocks a row: `d`, `m` and K2's and
+/// K6's two mins (zeros for the other formats), from `scales` where given (the group's expanded
 /// scales, `crate::dot::expand_scales`), else from the group-block.
 pub(crate) fn block_lanes(
     format: QuantFormat,
@@ -307,16 +310,16 @@ pub(crate) fn block_lanes(
             let block = &group[b * gbb..(b + 1) * gbb];
             let sup = super_entry(format, group, nb, b);
             (out[0], out[1]) = group_scales(format, block, sup);
-            if format == QuantFormat::K2 {
-                (out[2], out[3]) = group_mins(block, sup);
+            if format.half_mins() {
+                (out[2], out[3]) = group_mins(format, block, sup);
             }
         }
     }
     out
 }
 
-/// K2's mins per lane, of the first and the second half.
-fn group_mins(block: &[u8], sup: &[u8]) -> ([f32; LANES], [f32; LANES]) {
-    let lanes: [_; LANES] = std::array::from_fn(|l| lane_scales(QuantFormat::K2, block, sup, l).1);
+/// K2's and K6's mins per lane, of the first and the second half.
+fn group_mins(format: QuantFormat, block: &[u8], sup: &[u8]) -> ([f32; LANES], [f32; LANES]) {
+    let lanes: [_; LANES] = std::array::from_fn(|l| lane_scales(format, block, sup, l).1);
     (lanes.map(|m| m[0]), lanes.map(|m| m[1]))
 }

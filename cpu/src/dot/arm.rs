@@ -91,13 +91,12 @@ macro_rules! level {
                             }
                         }
                     } else {
-                        // Q5_0's and K5's high-bit words, four lanes a half (zero for Q4).
-                        let qh = match format.high_bytes() > 0 {
+                        // Q5_0's, Q5_1's and K5's high-bit words, four lanes a half (zero
+                        // for Q4); K6's high bytes, two chunks' worth a vector.
+                        let high = unsafe { block.as_ptr().add(format.group_high_at()) };
+                        let qh = match format.high_bytes() == 4 {
                             true => {
-                                let high = unsafe { block.as_ptr().add(format.group_high_at()) };
-                                let word =
-                                    |h: usize| unsafe { vld1q_u32(high.add(16 * h) as *const u32) };
-                                [word(0), word(1)]
+                                [0, 1].map(|h| unsafe { vld1q_u32(high.add(16 * h) as *const u32) })
                             }
                             false => [vdupq_n_u32(0); 2],
                         };
@@ -105,15 +104,29 @@ macro_rules! level {
                             for h in 0..2 {
                                 let raw = unsafe { vld1q_u8(codes.add(32 * c + 16 * h)) };
                                 let k = 4 * c as i32;
-                                let lo = vreinterpretq_s8_u8(vandq_u8(raw, mask));
-                                let lo = vorrq_s8(lo, high_bits_at(qh[h], k));
-                                let hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
-                                let hi = vorrq_s8(hi, high_bits_at(qh[h], 16 + k));
+                                let mut lo = vandq_u8(raw, mask);
+                                let mut hi = vshrq_n_u8(raw, 4);
+                                if format == QuantFormat::K6 {
+                                    // Two high bits a value, shifted into place (see
+                                    // `QuantFormat::K6`).
+                                    let t = unsafe { vld1q_u8(high.add(32 * (c / 2) + 16 * h)) };
+                                    let top = vdupq_n_u8(0x30);
+                                    let (lt, ht) = match c % 2 {
+                                        0 => (vshlq_n_u8(t, 4), vshlq_n_u8(t, 2)),
+                                        _ => (t, vshrq_n_u8(t, 2)),
+                                    };
+                                    lo = vorrq_u8(lo, vandq_u8(lt, top));
+                                    hi = vorrq_u8(hi, vandq_u8(ht, top));
+                                }
+                                let lo = vorrq_s8(vreinterpretq_s8_u8(lo), high_bits_at(qh[h], k));
+                                let hi =
+                                    vorrq_s8(vreinterpretq_s8_u8(hi), high_bits_at(qh[h], 16 + k));
                                 for j in 0..N {
                                     let xl = unsafe { broadcast(xb[j].add(4 * c)) };
                                     let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
                                     if format.half_scales() {
-                                        // K2: the high nibbles (values 16..32) apart.
+                                        // K2, K6: the high nibbles (values 16..32)
+                                        // apart.
                                         isum[j][h] = step(isum[j][h], lo, xl);
                                         second[j][h] = step(second[j][h], hi, xh);
                                     } else {
@@ -123,15 +136,15 @@ macro_rules! level {
                             }
                         }
                     }
-                    let mins = match format {
-                        QuantFormat::K2 => {
+                    let mins = match format.half_mins() {
+                        true => {
                             // SAFETY: eight values each.
                             let v = |m: &[f32; LANES], h: usize| unsafe {
                                 vld1q_f32(m.as_ptr().add(4 * h))
                             };
                             [[v(&m0, 0), v(&m0, 1)], [v(&m1, 0), v(&m1, 1)]]
                         }
-                        _ => [[vdupq_n_f32(0.0); 2]; 2],
+                        false => [[vdupq_n_f32(0.0); 2]; 2],
                     };
                     for j in 0..N {
                         let (xd, xs) = (x[j].1[b], x[j].2[b]);
@@ -143,7 +156,7 @@ macro_rules! level {
                                 let s = vcvtq_f32_s32(second[j][h]);
                                 acc[j][h] = vfmaq_f32(acc[j][h], s, scale);
                             }
-                            if format == QuantFormat::K2 {
+                            if format.half_mins() {
                                 let (h0, h1) = (x[j].3[2 * b], x[j].3[2 * b + 1]);
                                 acc[j][h] = vfmaq_f32(acc[j][h], mins[0][h], vdupq_n_f32(h0));
                                 acc[j][h] = vfmaq_f32(acc[j][h], mins[1][h], vdupq_n_f32(h1));

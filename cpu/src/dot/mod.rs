@@ -42,6 +42,7 @@ macro_rules! tokens_by_tile {
                     QuantFormat::K8 => tokens_of::<6>(group, acts, t0, n, out, scales),
                     QuantFormat::K2 => tokens_of::<7>(group, acts, t0, n, out, scales),
                     QuantFormat::Q5_1 => tokens_of::<8>(group, acts, t0, n, out, scales),
+                    QuantFormat::K6 => tokens_of::<9>(group, acts, t0, n, out, scales),
                 }
             }
         }

@@ -5,12 +5,12 @@
 use std::ops::Range;
 
 use crate::activations::Q8Activations;
-use crate::format::{five_bit, high_bits, QuantFormat, QBLOCK};
-use crate::interleaved::{block_lanes, LANES};
+use crate::format::{with_high_bits, QuantFormat, QBLOCK};
+use crate::interleaved::{block_lanes, code_offset, LANES};
 
 /// `sum(q_w q_x)` of lane `l` over chunks `chunks` of one group-block (Q4 codes read as
-/// 0..15, Q5_0's as 0..31), of the nibble formats' values `halves` (0: `j < 16` from the
-/// low nibbles, 1: the high ones).
+/// 0..15, Q5_0's as 0..31, K6's as 0..63), of the nibble formats' values `halves` (0:
+/// `j < 16` from the low nibbles, 1: the high ones).
 fn lane_isum(
     format: QuantFormat,
     block: &[u8],
@@ -20,9 +20,10 @@ fn lane_isum(
     halves: Range<usize>,
 ) -> i32 {
     let codes = &block[format.group_codes_at()..];
-    let hb = format.high_bytes();
-    let high_at = format.group_high_at() + hb * l;
-    let qh = high_bits(&block[high_at..high_at + hb]);
+    let high_at = format.group_high_at();
+    let high: Vec<u8> = (0..format.high_bytes())
+        .map(|i| block[high_at + code_offset(l, i)])
+        .collect();
     let mut sum = 0i32;
     for c in chunks {
         for i in 0..4 {
@@ -31,7 +32,7 @@ fn lane_isum(
             sum += match format.signed_codes() {
                 true => i32::from(byte as i8) * i32::from(x[k]),
                 _ => {
-                    let (lo, hi) = five_bit(byte, qh, k);
+                    let (lo, hi) = with_high_bits(format, byte, &high, k);
                     let values = [(lo, x[k]), (hi, x[k + 16])];
                     values[halves.clone()]
                         .iter()
@@ -71,7 +72,7 @@ pub(super) fn tokens(
                     *acc = (second as f32).mul_add(m[l] * xd[b], *acc);
                     continue;
                 }
-                if format == QuantFormat::K2 {
+                if format.half_mins() {
                     // A scale and a min per half: the low nibbles hold values 0..16.
                     let first = lane_isum(format, block, l, x, 0..chunks, 0..1);
                     let second = lane_isum(format, block, l, x, 0..chunks, 1..2);

@@ -5,9 +5,10 @@
 //! A group-block's eight rows sit in the lanes (see `crate::interleaved`): a 32-byte chunk
 //! of codes holds four bytes of each row, multiplied by the token's four matching
 //! activation bytes broadcast to every lane. Q4 and K4 codes (0..15) are unsigned and
-//! multiply the signed activations directly; Q5_0's, Q5_1's and K5's (0..31, the high bits spread
-//! into bytes) too, summed in 32 bits; Q8_0 and K8 codes are signed, so the product is
-//! taken as `|w| * (x with w's sign)`.
+//! multiply the signed activations directly; Q5_0's, Q5_1's and K5's (0..31, the high bits
+//! spread into bytes) and K6's (0..63, its high bits shifted into place) too, summed in 32
+//! bits; Q8_0 and K8 codes are signed, so the product is taken as `|w| * (x with w's
+//! sign)`.
 
 macro_rules! level {
     (
@@ -118,19 +119,30 @@ macro_rules! level {
                 }
             }
 
-            /// K2's mins of the first and the second half (its steps 2 and 3 times
-            /// `-dmin`).
+            /// The mins of the first and the second half: K2's steps 2 and 3 times
+            /// `-dmin`, K6's `-32 d_h` from its halves' scales `(d, m)`; zeros for the
+            /// other formats.
             ///
             /// # Safety
-            /// `block` starts a K2 group-block.
+            /// `block` starts a group-block of `format`.
             #[target_feature(enable = $features)]
-            unsafe fn k2_mins(block: *const u8, dmin: __m256) -> (__m256, __m256) {
-                // SAFETY: four runs of steps lead the group-block.
-                unsafe {
-                    (
-                        _mm256_mul_ps(dmin, steps(block, 2)),
-                        _mm256_mul_ps(dmin, steps(block, 3)),
-                    )
+            unsafe fn half_mins(
+                format: QuantFormat,
+                block: *const u8,
+                sup: [__m256; 2],
+                (d, m): (__m256, __m256),
+            ) -> (__m256, __m256) {
+                let by = |v: __m256, s: f32| _mm256_mul_ps(v, _mm256_set1_ps(s));
+                match format {
+                    // SAFETY: four runs of steps lead the group-block.
+                    QuantFormat::K2 => unsafe {
+                        (
+                            _mm256_mul_ps(sup[1], steps(block, 2)),
+                            _mm256_mul_ps(sup[1], steps(block, 3)),
+                        )
+                    },
+                    QuantFormat::K6 => (by(d, -32.0), by(m, -32.0)),
+                    _ => (_mm256_setzero_ps(), _mm256_setzero_ps()),
                 }
             }
 
@@ -173,12 +185,12 @@ macro_rules! level {
                         // SAFETY: `k` vectors a block (checked by `group_dots`).
                         Some(s) => unsafe {
                             let v = s.as_ptr().add(k * b) as *const f32;
-                            let mins = match format {
-                                QuantFormat::K2 => (
+                            let mins = match format.half_mins() {
+                                true => (
                                     _mm256_loadu_ps(v.add(2 * LANES)),
                                     _mm256_loadu_ps(v.add(3 * LANES)),
                                 ),
-                                _ => (_mm256_setzero_ps(), _mm256_setzero_ps()),
+                                false => (_mm256_setzero_ps(), _mm256_setzero_ps()),
                             };
                             ((_mm256_loadu_ps(v), _mm256_loadu_ps(v.add(LANES))), mins)
                         },
@@ -187,11 +199,8 @@ macro_rules! level {
                             if format.super_scales() && b % SUPER_GROUPS == 0 {
                                 sup = super_halves(super_entry(format, group, nb, b).as_ptr());
                             }
-                            let mins = match format {
-                                QuantFormat::K2 => k2_mins(block, sup[1]),
-                                _ => (_mm256_setzero_ps(), _mm256_setzero_ps()),
-                            };
-                            (block_scales(format, block, sup), mins)
+                            let scales = block_scales(format, block, sup);
+                            (scales, half_mins(format, block, sup, scales))
                         },
                     };
                     let xb: [*const i8; N] =
@@ -210,6 +219,37 @@ macro_rules! level {
                             for j in 0..N {
                                 let xv = unsafe { broadcast(xb[j].add(4 * c)) };
                                 sums[j] = q8_step(sums[j], aw, _mm256_sign_epi8(xv, w));
+                            }
+                        }
+                    } else if format == QuantFormat::K6 {
+                        // Codes of 0..63, the high nibbles (values 16..32) summed apart:
+                        // a 16-bit shift lines each chunk's two high bits up with its
+                        // nibbles (see `QuantFormat::K6`).
+                        let high = unsafe { block.add(format.group_high_at()) };
+                        let top = _mm256_set1_epi8(0x30);
+                        for c in 0..4 {
+                            let h = unsafe {
+                                _mm256_loadu_si256(high.add(32 * (c / 2)) as *const __m256i)
+                            };
+                            let (lo_top, hi_top) = match c % 2 {
+                                0 => (_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2)),
+                                _ => (h, _mm256_srli_epi16(h, 2)),
+                            };
+                            let raw =
+                                unsafe { _mm256_loadu_si256(codes.add(32 * c) as *const __m256i) };
+                            let lo = _mm256_or_si256(
+                                _mm256_and_si256(raw, mask),
+                                _mm256_and_si256(lo_top, top),
+                            );
+                            let hi = _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask),
+                                _mm256_and_si256(hi_top, top),
+                            );
+                            for j in 0..N {
+                                let xl = unsafe { broadcast(xb[j].add(4 * c)) };
+                                let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
+                                isum[j] = q8_step(isum[j], lo, xl);
+                                second[j] = q8_step(second[j], hi, xh);
                             }
                         }
                     } else if format.high_bytes() > 0 {
@@ -262,7 +302,7 @@ macro_rules! level {
                             let scale = _mm256_mul_ps(m, xd);
                             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second[j]), scale, acc[j]);
                         }
-                        if format == QuantFormat::K2 {
+                        if format.half_mins() {
                             let (h0, h1) = unsafe {
                                 (
                                     *x[j].3.get_unchecked(2 * b),
@@ -308,8 +348,8 @@ macro_rules! level {
                         let v = out.as_mut_ptr().add(k * b) as *mut f32;
                         _mm256_storeu_ps(v, d);
                         _mm256_storeu_ps(v.add(LANES), m);
-                        if format == QuantFormat::K2 {
-                            let (m0, m1) = k2_mins(block, sup[1]);
+                        if format.half_mins() {
+                            let (m0, m1) = half_mins(format, block, sup, (d, m));
                             _mm256_storeu_ps(v.add(2 * LANES), m0);
                             _mm256_storeu_ps(v.add(3 * LANES), m1);
                         }

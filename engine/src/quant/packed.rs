@@ -58,7 +58,8 @@ pub fn cpu_format(ty: GgmlType) -> Option<fornax_cpu::QuantFormat> {
         GgmlType::Q5_1 => F::Q5_1,
         GgmlType::Q4_K => F::K4,
         GgmlType::Q5_K => F::K5,
-        GgmlType::Q6_K | GgmlType::Q3_K => F::K8,
+        GgmlType::Q6_K => F::K6,
+        GgmlType::Q3_K => F::K8,
         GgmlType::Q2_K => F::K2,
         _ => return None,
     })
@@ -98,10 +99,10 @@ impl PackedMatrix {
         Some(Self::from_blocks(ty, rows, cols, &codes, &halves, &[]))
     }
 
-    /// A K-quant matrix as the CPU kernels' groups of 32 (`format`: K4, K5, K8 or K2):
-    /// codes as Q4_1's, Q5_0's or signed bytes, each group's steps (`scale, min`, K8's
-    /// scale per half, K2's scale per half then min per half) as bytes, two a word, and
-    /// each super-block's `d` and `-dmin`.
+    /// A K-quant matrix as the CPU kernels' groups of 32 (`format`: K4, K5, K6, K8 or
+    /// K2): codes as Q4_1's, Q5_0's, K6's or signed bytes, each group's steps (`scale,
+    /// min`, K6's and K8's scale per half, K2's scale per half then min per half) as
+    /// bytes, two a word, and each super-block's `d` and `-dmin`.
     fn pack_groups(
         ty: GgmlType,
         format: fornax_cpu::QuantFormat,
@@ -117,23 +118,18 @@ impl PackedMatrix {
         for block in bytes.chunks_exact(ty.block_bytes() as usize) {
             supers.extend(ty.super_halves(block).expect("a K-quant"));
             ty.groups(block, |g| {
-                let u = |j: usize| g.q[j] as u8;
                 let s = g.steps;
                 let own = match format {
                     F::K2 => &s[..],
-                    F::K8 => &s[..2],
+                    F::K8 | F::K6 => &s[..2],
                     _ => &[s[0], s[2]][..],
                 };
                 steps.extend(own.iter().map(|&v| v as u8));
                 match format {
-                    F::K8 => codes.extend((0..32).map(u)),
-                    _ => {
-                        if format == F::K5 {
-                            let qh = (0..32).fold(0u32, |w, j| w | u32::from(u(j) >> 4 & 1) << j);
-                            codes.extend(qh.to_le_bytes());
-                        }
-                        codes.extend((0..16).map(|j| u(j) & 15 | (u(j + 16) & 15) << 4));
-                    }
+                    F::K8 => codes.extend(g.q.map(|q| q as u8)),
+                    // Q6_K's codes with their offset put back: 0..63.
+                    F::K6 => codes.extend(nibble_codes(g.q.map(|q| (q + 32) as u8), 8)),
+                    _ => codes.extend(nibble_codes(g.q.map(|q| q as u8), format.high_bytes())),
                 }
             });
         }
@@ -157,7 +153,9 @@ impl PackedMatrix {
         let device = blocks
             * match format_code(ty) {
                 Some(K5) => 4 * (4 + K5_SCALE_WORDS),
-                Some(code) if f.super_scales() => f.code_bytes() + 4 * device_scale_words(code),
+                Some(code) if f.super_scales() => {
+                    4 * (quant_words(code) + device_scale_words(code))
+                }
                 _ => 0,
             };
         Some(host.max(device))
@@ -165,9 +163,9 @@ impl PackedMatrix {
 
     /// The code and scale words as the CubeCL kernels read them: the legacy formats' words
     /// as they are; the K-quants' scales as FP32 words, `d` and `m` (K8: `d` per half; K2:
-    /// `d` per half, then `m` per half); and the 5-bit types (Q5_0, Q5_1, Q5_K) as Q4's
-    /// four code words a block and three scale words (FP32 `d` and `m`, the fifth bits),
-    /// so code words stay whole vectors of four.
+    /// `d` per half, then `m` per half); Q6_K as K8 (signed bytes); and the 5-bit types
+    /// (Q5_0, Q5_1, Q5_K) as Q4's four code words a block and three scale words (FP32 `d`
+    /// and `m`, the fifth bits), so code words stay whole vectors of four.
     pub fn device_words(&self) -> (Cow<'_, [u32]>, Cow<'_, [u32]>) {
         let code = self.format();
         let view = self.cpu_view();
@@ -179,9 +177,19 @@ impl PackedMatrix {
         let mut scales = Vec::with_capacity(device_scale_words(code) * blocks);
         let mut quants = Vec::with_capacity(4 * blocks);
         let code_words = view.format().code_bytes() / 4;
+        let six = view.format() == fornax_cpu::QuantFormat::K6;
         for b in 0..blocks {
             let (d, m) = view.block_scales(b / per_row, b % per_row);
             let words = &self.quants[b * code_words..(b + 1) * code_words];
+            if six {
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                let signed = codes_of_nibbles(&bytes, 8).map(|u| u.wrapping_sub(32));
+                quants.extend(
+                    signed
+                        .chunks_exact(4)
+                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                );
+            }
             match code {
                 K5 => {
                     quants.extend_from_slice(&words[1..]);
@@ -192,9 +200,9 @@ impl PackedMatrix {
                 _ => scales.extend([d[0].to_bits(), m[0].to_bits()]),
             }
         }
-        match code {
-            K5 => (Cow::Owned(quants), Cow::Owned(scales)),
-            _ => (Cow::Borrowed(&self.quants), Cow::Owned(scales)),
+        match code == K5 || six {
+            true => (Cow::Owned(quants), Cow::Owned(scales)),
+            false => (Cow::Borrowed(&self.quants), Cow::Owned(scales)),
         }
     }
 
@@ -225,10 +233,7 @@ impl PackedMatrix {
         // Per block: (d, m) for K4 and the 5-bit types, the halves' `d` for K8, then `m`
         // for K2.
         let mut block_scales: Vec<[f32; 4]> = Vec::with_capacity(scales.len() / per);
-        let code_words = match code {
-            K5 => 4,
-            _ => format.code_bytes() / 4,
-        };
+        let code_words = quant_words(code);
         for (words, s) in quants
             .chunks_exact(code_words)
             .zip(scales.chunks_exact(per))
@@ -236,7 +241,15 @@ impl PackedMatrix {
             if code == K5 {
                 codes.extend(s[2].to_le_bytes());
             }
-            codes.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+            let bytes = words.iter().flat_map(|w| w.to_le_bytes());
+            match format {
+                fornax_cpu::QuantFormat::K6 => {
+                    let signed: Vec<u8> = bytes.collect();
+                    let u = std::array::from_fn(|j| signed[j].wrapping_add(32));
+                    codes.extend(nibble_codes(u, 8));
+                }
+                _ => codes.extend(bytes),
+            }
             block_scales.push(match code {
                 K2 => [value(s[0]), value(s[1]), value(s[2]), value(s[3])],
                 _ => [value(s[0]), value(s[1]), 0.0, 0.0],
@@ -258,7 +271,7 @@ impl PackedMatrix {
             // Which of a block's four values are scales (times `d`) and which mins.
             let (ds, ms): (&[usize], &[usize]) = match format {
                 fornax_cpu::QuantFormat::K2 => (&[0, 1], &[2, 3]),
-                fornax_cpu::QuantFormat::K8 => (&[0, 1], &[]),
+                fornax_cpu::QuantFormat::K8 | fornax_cpu::QuantFormat::K6 => (&[0, 1], &[]),
                 _ => (&[0], &[1]),
             };
             let pick = |at: &[usize]| -> Vec<f32> {
@@ -368,6 +381,53 @@ impl PackedMatrix {
         }
         out
     }
+}
+
+/// 32 unsigned codes as the CPU's nibble formats keep them (`fornax_cpu::QuantFormat`):
+/// their high bits first (`high` bytes: none, Q5_0's word of fifth bits, or K6's two bits
+/// a value), then the low nibbles, value `j < 16` in the low nibble of byte `j` and value
+/// `j + 16` in its high nibble.
+fn nibble_codes(u: [u8; 32], high: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(high + 16);
+    match high {
+        0 => {}
+        8 => out.extend((0..8).map(|k| {
+            // Byte `4p + i`: values `8p + i`, `16 + 8p + i`, `8p + 4 + i`, `20 + 8p + i`.
+            let (p, i) = (k / 4, k % 4);
+            [8 * p + i, 16 + 8 * p + i, 8 * p + 4 + i, 20 + 8 * p + i]
+                .iter()
+                .enumerate()
+                .fold(0u8, |b, (n, &j)| b | (u[j] >> 4 & 3) << (2 * n))
+        })),
+        _ => {
+            let bits = (0..32).fold(0u32, |acc, j| acc | u32::from(u[j] >> 4 & 1) << j);
+            out.extend(bits.to_le_bytes());
+        }
+    }
+    out.extend((0..16).map(|j| u[j] & 15 | (u[j + 16] & 15) << 4));
+    out
+}
+
+/// The codes back from [`nibble_codes`].
+fn codes_of_nibbles(bytes: &[u8], high: usize) -> [u8; 32] {
+    let (hb, nibbles) = bytes.split_at(high);
+    std::array::from_fn(|j| {
+        let byte = nibbles[j % 16];
+        let low = if j < 16 { byte & 15 } else { byte >> 4 };
+        let top = match high {
+            0 => 0,
+            8 => {
+                let v = j % 16;
+                let (k, s) = (4 * (v / 8) + v % 4, 4 * (v / 4 % 2) + 2 * (j / 16));
+                (hb[k] >> s) & 3
+            }
+            _ => {
+                let qh = u32::from_le_bytes([hb[0], hb[1], hb[2], hb[3]]);
+                ((qh >> j) & 1) as u8
+            }
+        };
+        low | top << 4
+    })
 }
 
 /// FP32 scale words per block on the device for the K-quants' and 5-bit types' codes.

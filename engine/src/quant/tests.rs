@@ -73,14 +73,14 @@ fn packed_words_decode_exactly_as_the_gguf_blocks() {
         ty.dequantize(&bytes, &mut want);
         let packed = PackedMatrix::pack(ty, &bytes, 1, 768).unwrap();
         assert_eq!(packed.dequantize(), want, "{ty:?}");
-        // Legacy blocks as small as the file, give or take a padding half; Q4_K and Q5_K
-        // within 3% of it (a byte a step where the file packs six bits); the others'
-        // codes are wider than the file's (K8: a byte a value; K2: a nibble) and their
-        // scales take 0.625 (K8) and 1.125 (K2) bits a value.
+        // Legacy blocks as small as the file, give or take a padding half; Q4_K, Q5_K and
+        // Q6_K within 3% of it (a byte a step where the file packs six bits); Q3_K's and
+        // Q2_K's codes are wider than the file's (a byte, a nibble) and their scales take
+        // 0.625 and 1.125 bits a value.
         let file = ty.bytes_for(768).unwrap();
         let limit = match ty {
-            GgmlType::Q4_K | GgmlType::Q5_K => file * 103 / 100,
-            GgmlType::Q6_K | GgmlType::Q3_K => 768 * 69 / 64,
+            GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => file * 103 / 100,
+            GgmlType::Q3_K => 768 * 69 / 64,
             GgmlType::Q2_K => 768 * 41 / 64,
             _ => file + 2,
         };

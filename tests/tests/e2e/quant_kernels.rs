@@ -458,14 +458,15 @@ fn cpu_backend_keeps_blocks_on_the_host_and_multiplies_with_the_kernels() {
 }
 
 /// On the CPU backend the K-quants keep the file's scales (a byte a step, two halves a
-/// super-block): Q4_K and Q5_K take the file's bytes within 3%, and come back exactly.
+/// super-block) and Q6_K its 6-bit codes: Q4_K, Q5_K and Q6_K take the file's bytes
+/// within 3%, and come back exactly.
 #[test]
 fn cpu_backend_keeps_k_quants_at_the_file_size() {
     use fornax_cpu::LANES;
     let device = Default::default();
     let mut rng = StdRng::seed_from_u64(12);
     let (rows, cols) = (24, 512);
-    for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
         let bytes = random_blocks(ty, rows, cols, &mut rng);
         let packed = PackedMatrix::pack(ty, &bytes, rows, cols).unwrap();
         let w = QuantMatrix::<Cpu>::upload(&packed, &device);
