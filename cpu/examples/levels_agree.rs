@@ -29,7 +29,15 @@ fn main() {
     let mut rng = Lcg(7);
     let mut checked = 0;
     for format in QuantFormat::ALL {
-        for (rows, cols, tokens) in [(1, 256, 1), (37, 96, 3), (70, 160, 9), (64, 1536, 6)] {
+        // Up to 9 tokens the K formats convert their steps in every tile; from 16, once
+        // per product.
+        for (rows, cols, tokens) in [
+            (1, 256, 1),
+            (37, 96, 3),
+            (70, 160, 9),
+            (64, 1536, 6),
+            (19, 512, 21),
+        ] {
             if cols % format.row_multiple() != 0 {
                 continue;
             }

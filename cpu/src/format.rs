@@ -33,9 +33,10 @@ pub enum QuantFormat {
     /// `d_h * q`, signed 8-bit codes with steps `(scale_0, scale_1)`, one per half `h` of
     /// 16 values (`d_h = d_K * scale_h`): a group of a Q6_K or Q3_K super-block.
     K8,
-    /// `d_h * q + m_h`, 4-bit codes as Q4_1's with steps `(scale_0, scale_1, min_0,
-    /// min_1)`, a scale and a min for each half `h` of 16 values: a group of a Q2_K
-    /// super-block.
+    /// `d_h * q + m_h`, 2-bit codes with steps `(scale_0, scale_1, min_0, min_1)`, a
+    /// scale and a min for each half `h` of 16 values: a group of a Q2_K super-block.
+    /// Codes as crumbs: byte `i < 4` holds values `4c + i` at bits `2c` (`c < 4`), byte
+    /// `4 + i` values `16 + 4c + i`, so that a vector shift brings a chunk's codes down.
     K2,
     /// `d * q + m`, 5-bit codes as Q5_0's with IEEE halves `d` and `m`.
     Q5_1,
@@ -45,12 +46,16 @@ pub enum QuantFormat {
     /// values `8p + i`, `16 + 8p + i`, `8p + 4 + i` and `20 + 8p + i` at bits 0, 2, 4 and
     /// 6, so that a vector shift lines up a chunk's high bits with its nibbles.
     K6,
+    /// `d_h * (q - 4)`, 3-bit codes with steps `(scale_0, scale_1)`: a group of a Q3_K
+    /// super-block. Four bytes of third bits (byte `i` holds those of values `4c + i` at
+    /// bit `c` and of `16 + 4c + i` at bit `4 + c`), then K2's crumbs.
+    K3,
 }
 
 impl QuantFormat {
     /// Every format, in declaration order (`ALL[f as usize] == f`): the kernels take a
     /// format as a const index into it, so its tests fold away.
-    pub const ALL: [QuantFormat; 10] = [
+    pub const ALL: [QuantFormat; 11] = [
         Self::Q4_0,
         Self::Q4_1,
         Self::Q8_0,
@@ -61,24 +66,33 @@ impl QuantFormat {
         Self::K2,
         Self::Q5_1,
         Self::K6,
+        Self::K3,
     ];
 
-    /// Code bytes per block: 16 nibble pairs, 32 bytes, or (Q5_0, Q5_1, K5; K6) 4 (8)
-    /// bytes of high bits and 16 nibble pairs.
+    /// Code bytes per block: the high bits ([`Self::high_bytes`]), then 16 nibble pairs,
+    /// 32 bytes or (K2, K3) 8 bytes of crumbs.
     pub const fn code_bytes(self) -> usize {
-        match self {
-            Self::Q8_0 | Self::K8 => 32,
-            _ => 16 + self.high_bytes(),
-        }
+        self.high_bytes()
+            + match self {
+                Self::Q8_0 | Self::K8 => 32,
+                Self::K2 | Self::K3 => 8,
+                _ => 16,
+            }
     }
 
-    /// Bytes of high bits at the start of a block's codes (Q5_0's `qh`; K6's two words).
+    /// Bytes of high bits at the start of a block's codes (Q5_0's `qh`; K6's two bits a
+    /// value; K3's third bits).
     pub const fn high_bytes(self) -> usize {
         match self {
-            Self::Q5_0 | Self::Q5_1 | Self::K5 => 4,
+            Self::Q5_0 | Self::Q5_1 | Self::K5 | Self::K3 => 4,
             Self::K6 => 8,
             _ => 0,
         }
+    }
+
+    /// Whether the codes are 2-bit crumbs (K2, K3).
+    pub(crate) const fn crumbs(self) -> bool {
+        matches!(self, Self::K2 | Self::K3)
     }
 
     /// Whether codes are signed bytes (Q8_0, K8) rather than 4- or 5-bit unsigned codes.
@@ -89,18 +103,21 @@ impl QuantFormat {
     /// Whether the scales are steps of a super-block's two halves (the K formats) rather
     /// than IEEE halves of their own.
     pub const fn super_scales(self) -> bool {
-        matches!(self, Self::K4 | Self::K5 | Self::K8 | Self::K2 | Self::K6)
+        matches!(
+            self,
+            Self::K4 | Self::K5 | Self::K8 | Self::K2 | Self::K6 | Self::K3
+        )
     }
 
-    /// Whether each half of 16 values has its own scale (K8, K2, K6), summed apart.
+    /// Whether each half of 16 values has its own scale (K8, K2, K6, K3), summed apart.
     pub(crate) const fn half_scales(self) -> bool {
-        matches!(self, Self::K8 | Self::K2 | Self::K6)
+        matches!(self, Self::K8 | Self::K2 | Self::K6 | Self::K3)
     }
 
-    /// Whether each half of 16 values has its own offset (K2, K6), from the activations'
-    /// sum over that half.
+    /// Whether each half of 16 values has its own offset (K2, K6, K3), from the
+    /// activations' sum over that half.
     pub(crate) const fn half_mins(self) -> bool {
-        matches!(self, Self::K2 | Self::K6)
+        matches!(self, Self::K2 | Self::K6 | Self::K3)
     }
 
     /// Whether a block's product has an offset term `m * sum(x)`.
@@ -113,7 +130,7 @@ impl QuantFormat {
     pub const fn scales(self) -> usize {
         match self {
             Self::K2 => 4,
-            Self::Q4_1 | Self::Q5_1 | Self::K4 | Self::K5 | Self::K8 | Self::K6 => 2,
+            Self::Q4_1 | Self::Q5_1 | Self::K4 | Self::K5 | Self::K8 | Self::K6 | Self::K3 => 2,
             _ => 1,
         }
     }
@@ -161,7 +178,8 @@ impl QuantFormat {
     /// Scale `d` and offset `m` per half of 16 values of a block from its scale bytes
     /// (`steps`: the block's [`Self::block_scale_bytes`]) and, for the K formats, its
     /// super-block's `d` and `-dmin` (`sup`): `([d, d], [m, m])`, K8's `([d_0, d_1], [0,
-    /// 0])`, K2's `([d_0, d_1], [m_0, m_1])`, K6's `([d_0, d_1], [-32 d_0, -32 d_1])`.
+    /// 0])`, K2's `([d_0, d_1], [m_0, m_1])`, K6's `([d_0, d_1], [-32 d_0, -32 d_1])`,
+    /// K3's `([d_0, d_1], [-4 d_0, -4 d_1])`.
     pub(crate) fn block_scales(self, steps: &[u8], sup: [f32; 2]) -> ([f32; 2], [f32; 2]) {
         let step = |i: usize| f32::from(steps[i] as i8);
         let half = |i: usize| {
@@ -173,9 +191,10 @@ impl QuantFormat {
                 [sup[1] * step(2), sup[1] * step(3)],
             ),
             Self::K8 => ([sup[0] * step(0), sup[0] * step(1)], [0.0; 2]),
-            Self::K6 => {
+            Self::K6 | Self::K3 => {
                 let d = [sup[0] * step(0), sup[0] * step(1)];
-                (d, d.map(|d| -32.0 * d))
+                let offset = if self == Self::K6 { -32.0 } else { -4.0 };
+                (d, d.map(|d| offset * d))
             }
             Self::K4 | Self::K5 => ([sup[0] * step(0); 2], [sup[1] * step(1); 2]),
             Self::Q4_1 | Self::Q5_1 => ([half(0); 2], [half(1); 2]),
@@ -329,17 +348,12 @@ impl<'a> QuantWeights<'a> {
             let block = &codes[b * cb..(b + 1) * cb];
             let sup = super_at(supers, b);
             let (d, m) = self.format.block_scales(&steps[b * sb..(b + 1) * sb], sup);
-            if self.format.signed_codes() {
-                for (j, (v, &q)) in values.iter_mut().zip(block).enumerate() {
-                    *v = d[j / 16] * f32::from(q as i8);
-                }
-                continue;
-            }
-            let (high, nibbles) = block.split_at(self.format.high_bytes());
-            for (j, &byte) in nibbles.iter().enumerate() {
-                let (lo, hi) = with_high_bits(self.format, byte, high, j);
-                values[j] = d[0] * f32::from(lo) + m[0];
-                values[j + 16] = d[1] * f32::from(hi) + m[1];
+            let q = self.format.block_codes(block);
+            for (j, v) in values.iter_mut().enumerate() {
+                *v = match self.format.signed_codes() {
+                    true => d[j / 16] * q[j] as f32,
+                    false => d[j / 16] * q[j] as f32 + m[j / 16],
+                };
             }
         }
     }
@@ -352,6 +366,81 @@ fn super_at(supers: &[u16], b: usize) -> [f32; 2] {
     match supers.get(s..s + 2) {
         Some(h) => [f16::from_bits(h[0]).to_f32(), f16::from_bits(h[1]).to_f32()],
         None => [0.0; 2],
+    }
+}
+
+impl QuantFormat {
+    /// A block's 32 integer codes from its code bytes (high bits first): signed bytes,
+    /// or unsigned codes with their high bits.
+    pub fn block_codes(self, block: &[u8]) -> [i32; 32] {
+        let (high, codes) = block.split_at(self.high_bytes());
+        if self.signed_codes() {
+            return std::array::from_fn(|j| i32::from(codes[j] as i8));
+        }
+        if self.crumbs() {
+            return std::array::from_fn(|j| {
+                let (half, c, i) = (j / 16, j % 16 / 4, j % 4);
+                let crumb = (codes[4 * half + i] >> (2 * c)) & 3;
+                let third = match self {
+                    Self::K3 => (high[i] >> (4 * half + c)) & 1,
+                    _ => 0,
+                };
+                i32::from(crumb | third << 2)
+            });
+        }
+        let mut q = [0i32; 32];
+        for (j, &byte) in codes.iter().enumerate() {
+            let (lo, hi) = with_high_bits(self, byte, high, j);
+            (q[j], q[j + 16]) = (i32::from(lo), i32::from(hi));
+        }
+        q
+    }
+}
+
+impl QuantFormat {
+    /// A block's code bytes from its 32 integer codes: the inverse of
+    /// [`Self::block_codes`] (codes out of the format's range lose their top bits).
+    pub fn encode_codes(self, q: &[i32; 32]) -> Vec<u8> {
+        let u = q.map(|v| v as u8);
+        let mut out = Vec::with_capacity(self.code_bytes());
+        if self.signed_codes() {
+            out.extend(u);
+            return out;
+        }
+        let fold =
+            |bits: &mut dyn Iterator<Item = (usize, u8)>| bits.fold(0u8, |b, (at, v)| b | v << at);
+        match self.high_bytes() {
+            0 => {}
+            // K3's third bits: byte `i`, values `4c + i` at bit `c`, `16 + 4c + i` at `4 + c`.
+            4 if self == Self::K3 => out.extend((0..4).map(|i| {
+                fold(&mut (0..8).map(|n| (n, u[16 * (n / 4) + 4 * (n % 4) + i] >> 2 & 1)))
+            })),
+            4 => {
+                let qh = (0..32).fold(0u32, |w, j| w | u32::from(u[j] >> 4 & 1) << j);
+                out.extend(qh.to_le_bytes());
+            }
+            // K6: byte `4p + i`, values `8p + i`, `16 + 8p + i`, `8p + 4 + i`, `20 + 8p + i`.
+            _ => out.extend((0..8).map(|k| {
+                let (p, i) = (k / 4, k % 4);
+                let values = [8 * p + i, 16 + 8 * p + i, 8 * p + 4 + i, 20 + 8 * p + i];
+                fold(
+                    &mut values
+                        .iter()
+                        .enumerate()
+                        .map(|(n, &j)| (2 * n, u[j] >> 4 & 3)),
+                )
+            })),
+        }
+        if self.crumbs() {
+            // Byte `4h + i`: values `16h + 4c + i` at bits `2c`.
+            out.extend((0..8).map(|k| {
+                let (h, i) = (k / 4, k % 4);
+                fold(&mut (0..4).map(|c| (2 * c, u[16 * h + 4 * c + i] & 3)))
+            }));
+        } else {
+            out.extend((0..16).map(|j| u[j] & 15 | (u[j + 16] & 15) << 4));
+        }
+        out
     }
 }
 

@@ -78,11 +78,11 @@ impl QuantFormat {
     }
 
     /// FP32 vectors per block in a group's expanded scales (`crate::dot::expand_scales`):
-    /// `d` and `m`, and K2's and K6's two mins.
+    /// `d` and `m`, and the two mins of the formats with an offset per half.
     pub(crate) const fn expanded_vectors(self) -> usize {
-        match self {
-            Self::K2 | Self::K6 => 4,
-            _ => 2,
+        match self.half_mins() {
+            true => 4,
+            false => 2,
         }
     }
 

@@ -6,8 +6,9 @@
 //! A group-block's eight rows sit in two vectors of four lanes (see
 //! `crate::interleaved`): each half of a 32-byte chunk of codes holds four bytes of four
 //! rows, multiplied by the token's four matching activation bytes broadcast to every lane.
-//! Q4 and K4 codes (0..15), Q5_0, Q5_1 and K5 codes (0..31, the high bits spread into bytes) and
-//! Q8_0 and K8 codes all multiply as signed bytes.
+//! Q4 and K4 codes (0..15), K2's and K3's (0..3, 0..7), Q5_0's, Q5_1's and K5's (0..31,
+//! the high bits spread into bytes), K6's (0..63) and Q8_0 and K8 codes all multiply as
+//! signed bytes.
 
 macro_rules! level {
     ($name:ident, $features:literal, |$a:ident, $w:ident, $x:ident| $step:expr) => {
@@ -94,7 +95,7 @@ macro_rules! level {
                         // Q5_0's, Q5_1's and K5's high-bit words, four lanes a half (zero
                         // for Q4); K6's high bytes, two chunks' worth a vector.
                         let high = unsafe { block.as_ptr().add(format.group_high_at()) };
-                        let qh = match format.high_bytes() == 4 {
+                        let qh = match format.high_bytes() == 4 && !format.crumbs() {
                             true => {
                                 [0, 1].map(|h| unsafe { vld1q_u32(high.add(16 * h) as *const u32) })
                             }
@@ -102,10 +103,34 @@ macro_rules! level {
                         };
                         for c in 0..4 {
                             for h in 0..2 {
-                                let raw = unsafe { vld1q_u8(codes.add(32 * c + 16 * h)) };
                                 let k = 4 * c as i32;
-                                let mut lo = vandq_u8(raw, mask);
-                                let mut hi = vshrq_n_u8(raw, 4);
+                                let (mut lo, mut hi) = match format.crumbs() {
+                                    // Crumbs shifted down, K3's third bits beside them
+                                    // (see `QuantFormat::K2`, `QuantFormat::K3`).
+                                    true => unsafe {
+                                        let down = |v: uint8x16_t, n: usize| {
+                                            vshlq_u8(v, vdupq_n_s8(-(n as i8)))
+                                        };
+                                        let three = vdupq_n_u8(3);
+                                        let l = vld1q_u8(codes.add(16 * h));
+                                        let u = vld1q_u8(codes.add(32 + 16 * h));
+                                        let mut lo = vandq_u8(down(l, 2 * c), three);
+                                        let mut hi = vandq_u8(down(u, 2 * c), three);
+                                        if format == QuantFormat::K3 {
+                                            let t = vld1q_u8(high.add(16 * h));
+                                            let bit = |n: usize| {
+                                                vshlq_n_u8(vandq_u8(down(t, n), vdupq_n_u8(1)), 2)
+                                            };
+                                            lo = vorrq_u8(lo, bit(c));
+                                            hi = vorrq_u8(hi, bit(4 + c));
+                                        }
+                                        (lo, hi)
+                                    },
+                                    false => {
+                                        let raw = unsafe { vld1q_u8(codes.add(32 * c + 16 * h)) };
+                                        (vandq_u8(raw, mask), vshrq_n_u8(raw, 4))
+                                    }
+                                };
                                 if format == QuantFormat::K6 {
                                     // Two high bits a value, shifted into place (see
                                     // `QuantFormat::K6`).
@@ -125,8 +150,7 @@ macro_rules! level {
                                     let xl = unsafe { broadcast(xb[j].add(4 * c)) };
                                     let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
                                     if format.half_scales() {
-                                        // K2, K6: the high nibbles (values 16..32)
-                                        // apart.
+                                        // K2, K3, K6: values 16..32 apart.
                                         isum[j][h] = step(isum[j][h], lo, xl);
                                         second[j][h] = step(second[j][h], hi, xh);
                                     } else {

@@ -43,6 +43,7 @@ macro_rules! tokens_by_tile {
                     QuantFormat::K2 => tokens_of::<7>(group, acts, t0, n, out, scales),
                     QuantFormat::Q5_1 => tokens_of::<8>(group, acts, t0, n, out, scales),
                     QuantFormat::K6 => tokens_of::<9>(group, acts, t0, n, out, scales),
+                    QuantFormat::K3 => tokens_of::<10>(group, acts, t0, n, out, scales),
                 }
             }
         }

@@ -5,44 +5,16 @@
 use std::ops::Range;
 
 use crate::activations::Q8Activations;
-use crate::format::{with_high_bits, QuantFormat, QBLOCK};
+use crate::format::{QuantFormat, QBLOCK};
 use crate::interleaved::{block_lanes, code_offset, LANES};
 
-/// `sum(q_w q_x)` of lane `l` over chunks `chunks` of one group-block (Q4 codes read as
-/// 0..15, Q5_0's as 0..31, K6's as 0..63), of the nibble formats' values `halves` (0:
-/// `j < 16` from the low nibbles, 1: the high ones).
-fn lane_isum(
-    format: QuantFormat,
-    block: &[u8],
-    l: usize,
-    x: &[i8],
-    chunks: Range<usize>,
-    halves: Range<usize>,
-) -> i32 {
-    let codes = &block[format.group_codes_at()..];
-    let high_at = format.group_high_at();
-    let high: Vec<u8> = (0..format.high_bytes())
-        .map(|i| block[high_at + code_offset(l, i)])
-        .collect();
-    let mut sum = 0i32;
-    for c in chunks {
-        for i in 0..4 {
-            let byte = codes[32 * c + 4 * l + i];
-            let k = 4 * c + i;
-            sum += match format.signed_codes() {
-                true => i32::from(byte as i8) * i32::from(x[k]),
-                _ => {
-                    let (lo, hi) = with_high_bits(format, byte, &high, k);
-                    let values = [(lo, x[k]), (hi, x[k + 16])];
-                    values[halves.clone()]
-                        .iter()
-                        .map(|&(q, x)| i32::from(q) * i32::from(x))
-                        .sum()
-                }
-            };
-        }
-    }
-    sum
+/// Lane `l`'s 32 integer codes in a group-block (see `QuantFormat::block_codes`).
+fn lane_codes(format: QuantFormat, block: &[u8], l: usize) -> [i32; 32] {
+    let hb = format.high_bytes();
+    let (high_at, codes_at) = (format.group_high_at(), format.group_codes_at());
+    let high = (0..hb).map(|i| block[high_at + code_offset(l, i)]);
+    let codes = (0..format.code_bytes() - hb).map(|i| block[codes_at + code_offset(l, i)]);
+    format.block_codes(&high.chain(codes).collect::<Vec<u8>>())
 }
 
 /// Tokens `t0..t0 + n` against one group of eight rows: `out[j][l] = row l · x[t0 + j]`.
@@ -56,7 +28,6 @@ pub(super) fn tokens(
     scales: Option<&[[f32; LANES]]>,
 ) {
     let (gbb, nb) = (format.group_block_bytes(), acts.cols / QBLOCK);
-    let chunks = (format.code_bytes() - format.high_bytes()) / 4;
     for (j, o) in out[..n].iter_mut().enumerate() {
         let (q, xd, xs, xh) = acts.token(t0 + j);
         *o = [0.0; LANES];
@@ -64,25 +35,20 @@ pub(super) fn tokens(
             let [d, m, m0, m1] = block_lanes(format, group, nb, b, scales);
             let x = &q[b * QBLOCK..(b + 1) * QBLOCK];
             for (l, acc) in o.iter_mut().enumerate() {
-                if format == QuantFormat::K8 {
-                    // One scale per half: chunks 0..4 hold values 0..16.
-                    let first = lane_isum(format, block, l, x, 0..4, 0..2);
-                    let second = lane_isum(format, block, l, x, 4..8, 0..2);
-                    *acc = (first as f32).mul_add(d[l] * xd[b], *acc);
-                    *acc = (second as f32).mul_add(m[l] * xd[b], *acc);
+                let w = lane_codes(format, block, l);
+                let dot = |r: Range<usize>| r.map(|j| w[j] * i32::from(x[j])).sum::<i32>();
+                if format.half_scales() {
+                    // One scale per half of 16 values, summed apart; K2's, K3's and K6's
+                    // offsets per half.
+                    *acc = (dot(0..16) as f32).mul_add(d[l] * xd[b], *acc);
+                    *acc = (dot(16..32) as f32).mul_add(m[l] * xd[b], *acc);
+                    if format.half_mins() {
+                        *acc = m0[l].mul_add(xh[2 * b], *acc);
+                        *acc = m1[l].mul_add(xh[2 * b + 1], *acc);
+                    }
                     continue;
                 }
-                if format.half_mins() {
-                    // A scale and a min per half: the low nibbles hold values 0..16.
-                    let first = lane_isum(format, block, l, x, 0..chunks, 0..1);
-                    let second = lane_isum(format, block, l, x, 0..chunks, 1..2);
-                    *acc = (first as f32).mul_add(d[l] * xd[b], *acc);
-                    *acc = (second as f32).mul_add(m[l] * xd[b], *acc);
-                    *acc = m0[l].mul_add(xh[2 * b], *acc);
-                    *acc = m1[l].mul_add(xh[2 * b + 1], *acc);
-                    continue;
-                }
-                let isum = lane_isum(format, block, l, x, 0..chunks, 0..2);
+                let isum = dot(0..32);
                 *acc = (isum as f32).mul_add(d[l] * xd[b], *acc);
                 if format.has_offset() {
                     *acc = m[l].mul_add(xs[b], *acc);

@@ -4,7 +4,8 @@
 //!
 //! A group-block's eight rows sit in the lanes (see `crate::interleaved`): a 32-byte chunk
 //! of codes holds four bytes of each row, multiplied by the token's four matching
-//! activation bytes broadcast to every lane. Q4 and K4 codes (0..15) are unsigned and
+//! activation bytes broadcast to every lane. Q4 and K4 codes (0..15), and K2's and K3's
+//! (0..3, 0..7, shifted out of their crumbs) are unsigned and
 //! multiply the signed activations directly; Q5_0's, Q5_1's and K5's (0..31, the high bits
 //! spread into bytes) and K6's (0..63, its high bits shifted into place) too, summed in 32
 //! bits; Q8_0 and K8 codes are signed, so the product is taken as `|w| * (x with w's
@@ -120,8 +121,8 @@ macro_rules! level {
             }
 
             /// The mins of the first and the second half: K2's steps 2 and 3 times
-            /// `-dmin`, K6's `-32 d_h` from its halves' scales `(d, m)`; zeros for the
-            /// other formats.
+            /// `-dmin`, K6's `-32 d_h` and K3's `-4 d_h` from their halves' scales `(d,
+            /// m)`; zeros for the other formats.
             ///
             /// # Safety
             /// `block` starts a group-block of `format`.
@@ -142,6 +143,7 @@ macro_rules! level {
                         )
                     },
                     QuantFormat::K6 => (by(d, -32.0), by(m, -32.0)),
+                    QuantFormat::K3 => (by(d, -4.0), by(m, -4.0)),
                     _ => (_mm256_setzero_ps(), _mm256_setzero_ps()),
                 }
             }
@@ -221,6 +223,48 @@ macro_rules! level {
                                 sums[j] = q8_step(sums[j], aw, _mm256_sign_epi8(xv, w));
                             }
                         }
+                    } else if format.crumbs() {
+                        // Codes of 0..3 (K3: 0..7), the halves summed apart: a shift
+                        // brings each chunk's crumbs (and K3's third bits) down (see
+                        // `QuantFormat::K2`, `QuantFormat::K3`).
+                        let (lv, hv) = unsafe {
+                            (
+                                _mm256_loadu_si256(codes as *const __m256i),
+                                _mm256_loadu_si256(codes.add(32) as *const __m256i),
+                            )
+                        };
+                        let third = match format == QuantFormat::K3 {
+                            true => unsafe {
+                                _mm256_loadu_si256(
+                                    block.add(format.group_high_at()) as *const __m256i
+                                )
+                            },
+                            false => _mm256_setzero_si256(),
+                        };
+                        let (three, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+                        for c in 0..4 {
+                            let by = |v: __m256i, n: i32| _mm256_srl_epi16(v, _mm_cvtsi32_si128(n));
+                            let mut lo = _mm256_and_si256(by(lv, 2 * c), three);
+                            let mut hi = _mm256_and_si256(by(hv, 2 * c), three);
+                            if format == QuantFormat::K3 {
+                                let bit = |n: i32| {
+                                    _mm256_slli_epi16(_mm256_and_si256(by(third, n), one), 2)
+                                };
+                                lo = _mm256_or_si256(lo, bit(c));
+                                hi = _mm256_or_si256(hi, bit(4 + c));
+                            }
+                            let c = c as usize;
+                            for j in 0..N {
+                                let xl = unsafe { broadcast(xb[j].add(4 * c)) };
+                                let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
+                                isum[j] = q4_step(isum[j], lo, xl);
+                                second[j] = q4_step(second[j], hi, xh);
+                            }
+                        }
+                        for j in 0..N {
+                            isum[j] = q4_sum(isum[j]);
+                            second[j] = q4_sum(second[j]);
+                        }
                     } else if format == QuantFormat::K6 {
                         // Codes of 0..63, the high nibbles (values 16..32) summed apart:
                         // a 16-bit shift lines each chunk's two high bits up with its
@@ -271,9 +315,7 @@ macro_rules! level {
                             }
                         }
                     } else {
-                        // Q4 and K4 sum both nibbles together; K2 the high ones (values
-                        // 16..32) apart, into `second`.
-                        let apart = format.half_scales();
+                        // Q4 and K4 sum both nibbles together.
                         for c in 0..4 {
                             let raw =
                                 unsafe { _mm256_loadu_si256(codes.add(32 * c) as *const __m256i) };
@@ -282,14 +324,11 @@ macro_rules! level {
                             for j in 0..N {
                                 let xl = unsafe { broadcast(xb[j].add(4 * c)) };
                                 let xh = unsafe { broadcast(xb[j].add(16 + 4 * c)) };
-                                isum[j] = q4_step(isum[j], lo, xl);
-                                let sums = if apart { &mut second } else { &mut isum };
-                                sums[j] = q4_step(sums[j], hi, xh);
+                                isum[j] = q4_step(q4_step(isum[j], lo, xl), hi, xh);
                             }
                         }
                         for j in 0..N {
                             isum[j] = q4_sum(isum[j]);
-                            second[j] = q4_sum(second[j]);
                         }
                     }
                     for j in 0..N {

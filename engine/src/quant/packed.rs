@@ -59,7 +59,7 @@ pub fn cpu_format(ty: GgmlType) -> Option<fornax_cpu::QuantFormat> {
         GgmlType::Q4_K => F::K4,
         GgmlType::Q5_K => F::K5,
         GgmlType::Q6_K => F::K6,
-        GgmlType::Q3_K => F::K8,
+        GgmlType::Q3_K => F::K3,
         GgmlType::Q2_K => F::K2,
         _ => return None,
     })
@@ -99,9 +99,9 @@ impl PackedMatrix {
         Some(Self::from_blocks(ty, rows, cols, &codes, &halves, &[]))
     }
 
-    /// A K-quant matrix as the CPU kernels' groups of 32 (`format`: K4, K5, K6, K8 or
-    /// K2): codes as Q4_1's, Q5_0's, K6's or signed bytes, each group's steps (`scale,
-    /// min`, K6's and K8's scale per half, K2's scale per half then min per half) as
+    /// A K-quant matrix as the CPU kernels' groups of 32 (`format`: K4, K5, K6, K3 or
+    /// K2; see `fornax_cpu::QuantFormat` for their codes), each group's steps (`scale,
+    /// min`, K6's and K3's scale per half, K2's scale per half then min per half) as
     /// bytes, two a word, and each super-block's `d` and `-dmin`.
     fn pack_groups(
         ty: GgmlType,
@@ -121,16 +121,17 @@ impl PackedMatrix {
                 let s = g.steps;
                 let own = match format {
                     F::K2 => &s[..],
-                    F::K8 | F::K6 => &s[..2],
+                    F::K8 | F::K6 | F::K3 => &s[..2],
                     _ => &[s[0], s[2]][..],
                 };
                 steps.extend(own.iter().map(|&v| v as u8));
-                match format {
-                    F::K8 => codes.extend(g.q.map(|q| q as u8)),
-                    // Q6_K's codes with their offset put back: 0..63.
-                    F::K6 => codes.extend(nibble_codes(g.q.map(|q| (q + 32) as u8), 8)),
-                    _ => codes.extend(nibble_codes(g.q.map(|q| q as u8), format.high_bytes())),
-                }
+                // Q6_K's and Q3_K's codes with their offset put back (0..63, 0..7).
+                let offset = match format {
+                    F::K6 => 32,
+                    F::K3 => 4,
+                    _ => 0,
+                };
+                codes.extend(format.encode_codes(&g.q.map(|q| i32::from(q) + offset)));
             });
         }
         let words: Vec<u16> = steps
@@ -177,18 +178,14 @@ impl PackedMatrix {
         let mut scales = Vec::with_capacity(device_scale_words(code) * blocks);
         let mut quants = Vec::with_capacity(4 * blocks);
         let code_words = view.format().code_bytes() / 4;
-        let six = view.format() == fornax_cpu::QuantFormat::K6;
+        let twin = device_twin(view.format());
         for b in 0..blocks {
             let (d, m) = view.block_scales(b / per_row, b % per_row);
             let words = &self.quants[b * code_words..(b + 1) * code_words];
-            if six {
+            if let Some((device, offset)) = twin {
                 let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-                let signed = codes_of_nibbles(&bytes, 8).map(|u| u.wrapping_sub(32));
-                quants.extend(
-                    signed
-                        .chunks_exact(4)
-                        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                );
+                let q = view.format().block_codes(&bytes).map(|q| q - offset);
+                quants.extend(le_words(&device.encode_codes(&q)));
             }
             match code {
                 K5 => {
@@ -200,7 +197,7 @@ impl PackedMatrix {
                 _ => scales.extend([d[0].to_bits(), m[0].to_bits()]),
             }
         }
-        match code == K5 || six {
+        match code == K5 || twin.is_some() {
             true => (Cow::Owned(quants), Cow::Owned(scales)),
             false => (Cow::Borrowed(&self.quants), Cow::Owned(scales)),
         }
@@ -241,14 +238,13 @@ impl PackedMatrix {
             if code == K5 {
                 codes.extend(s[2].to_le_bytes());
             }
-            let bytes = words.iter().flat_map(|w| w.to_le_bytes());
-            match format {
-                fornax_cpu::QuantFormat::K6 => {
-                    let signed: Vec<u8> = bytes.collect();
-                    let u = std::array::from_fn(|j| signed[j].wrapping_add(32));
-                    codes.extend(nibble_codes(u, 8));
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            match device_twin(format) {
+                Some((device, offset)) => {
+                    let q = device.block_codes(&bytes).map(|q| q + offset);
+                    codes.extend(format.encode_codes(&q));
                 }
-                _ => codes.extend(bytes),
+                None => codes.extend(bytes),
             }
             block_scales.push(match code {
                 K2 => [value(s[0]), value(s[1]), value(s[2]), value(s[3])],
@@ -271,7 +267,9 @@ impl PackedMatrix {
             // Which of a block's four values are scales (times `d`) and which mins.
             let (ds, ms): (&[usize], &[usize]) = match format {
                 fornax_cpu::QuantFormat::K2 => (&[0, 1], &[2, 3]),
-                fornax_cpu::QuantFormat::K8 | fornax_cpu::QuantFormat::K6 => (&[0, 1], &[]),
+                fornax_cpu::QuantFormat::K8
+                | fornax_cpu::QuantFormat::K6
+                | fornax_cpu::QuantFormat::K3 => (&[0, 1], &[]),
                 _ => (&[0], &[1]),
             };
             let pick = |at: &[usize]| -> Vec<f32> {
@@ -383,51 +381,24 @@ impl PackedMatrix {
     }
 }
 
-/// 32 unsigned codes as the CPU's nibble formats keep them (`fornax_cpu::QuantFormat`):
-/// their high bits first (`high` bytes: none, Q5_0's word of fifth bits, or K6's two bits
-/// a value), then the low nibbles, value `j < 16` in the low nibble of byte `j` and value
-/// `j + 16` in its high nibble.
-fn nibble_codes(u: [u8; 32], high: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(high + 16);
-    match high {
-        0 => {}
-        8 => out.extend((0..8).map(|k| {
-            // Byte `4p + i`: values `8p + i`, `16 + 8p + i`, `8p + 4 + i`, `20 + 8p + i`.
-            let (p, i) = (k / 4, k % 4);
-            [8 * p + i, 16 + 8 * p + i, 8 * p + 4 + i, 20 + 8 * p + i]
-                .iter()
-                .enumerate()
-                .fold(0u8, |b, (n, &j)| b | (u[j] >> 4 & 3) << (2 * n))
-        })),
-        _ => {
-            let bits = (0..32).fold(0u32, |acc, j| acc | u32::from(u[j] >> 4 & 1) << j);
-            out.extend(bits.to_le_bytes());
-        }
+/// Where the device keeps a CPU format's codes in another format: that format and the
+/// offset taken off the codes (Q6_K's and Q3_K's as K8's signed bytes, Q2_K's as Q4's
+/// nibbles); `None` where the words are the same.
+fn device_twin(format: fornax_cpu::QuantFormat) -> Option<(fornax_cpu::QuantFormat, i32)> {
+    use fornax_cpu::QuantFormat as F;
+    match format {
+        F::K6 => Some((F::K8, 32)),
+        F::K3 => Some((F::K8, 4)),
+        F::K2 => Some((F::K4, 0)),
+        _ => None,
     }
-    out.extend((0..16).map(|j| u[j] & 15 | (u[j + 16] & 15) << 4));
-    out
 }
 
-/// The codes back from [`nibble_codes`].
-fn codes_of_nibbles(bytes: &[u8], high: usize) -> [u8; 32] {
-    let (hb, nibbles) = bytes.split_at(high);
-    std::array::from_fn(|j| {
-        let byte = nibbles[j % 16];
-        let low = if j < 16 { byte & 15 } else { byte >> 4 };
-        let top = match high {
-            0 => 0,
-            8 => {
-                let v = j % 16;
-                let (k, s) = (4 * (v / 8) + v % 4, 4 * (v / 4 % 2) + 2 * (j / 16));
-                (hb[k] >> s) & 3
-            }
-            _ => {
-                let qh = u32::from_le_bytes([hb[0], hb[1], hb[2], hb[3]]);
-                ((qh >> j) & 1) as u8
-            }
-        };
-        low | top << 4
-    })
+/// Bytes as little-endian 32-bit words.
+fn le_words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
 /// FP32 scale words per block on the device for the K-quants' and 5-bit types' codes.
