@@ -315,8 +315,8 @@ impl<'a> QuantWeights<'a> {
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 
-    /// Block `b` of row `r`'s scale and offset per half in FP32 (see
-    /// [`QuantFormat::block_scales`]).
+    /// Block `b` of row `r`'s scale and offset per half in FP32: `([d, d], [m, m])`, or
+    /// for the formats with a scale per half of 16 values `([d_0, d_1], [m_0, m_1])`.
     pub fn block_scales(&self, r: usize, b: usize) -> ([f32; 2], [f32; 2]) {
         let sh = self.format.scale_halves();
         let at = (r * self.row_blocks() + b) * sh;
