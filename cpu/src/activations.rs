@@ -5,7 +5,7 @@ use crate::format::QBLOCK;
 /// `[tokens, cols]` FP32 activations as signed bytes with one scale per block:
 /// `x ≈ d * q`, `d = max|x| / 127`. `s = d * sum(q)` per block serves the weights' offset
 /// term (`m * sum(x)`), and `h`, the same for each half of 16 values (two per block),
-/// K2's offset per half.
+/// the offsets per half of K2, K3 and K6.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Q8Activations {
     pub(crate) tokens: usize,

@@ -125,8 +125,8 @@ impl QuantFormat {
         !self.signed_codes()
     }
 
-    /// Scales per block: `d` (and `m` for Q4_1, Q5_1, K4, K5; K8: one `d` per half; K2:
-    /// a `d` and an `m` per half).
+    /// Scales per block: `d` (and `m` for Q4_1, Q5_1, K4, K5; K8, K6, K3: one `d` per
+    /// half; K2: a `d` and an `m` per half).
     pub const fn scales(self) -> usize {
         match self {
             Self::K2 => 4,
@@ -222,8 +222,9 @@ pub enum WeightsError {
 }
 
 /// A `[rows, cols]` block-quantized matrix, borrowed: the blocks' codes as in the file
-/// (Q4, K4, K2: value `j < 16` in the low nibble of byte `j`, value `j + 16` in its high
-/// nibble; Q8_0, K8: one signed byte per value; Q5_0, Q5_1, K5: `qh` then Q4's nibbles),
+/// (Q4, K4: value `j < 16` in the low nibble of byte `j`, value `j + 16` in its high
+/// nibble; Q8_0, K8: one signed byte per value; Q5_0, Q5_1, K5: `qh` then Q4's nibbles;
+/// K6, K3, K2: see their variants),
 /// their scales as 16-bit words (IEEE halves, Q4_1 and Q5_1 `d, m` per block; the K
 /// formats' steps, two bytes a word, low first) and the K formats' super-block halves
 /// (`d, -dmin` per super-block, empty for the others). Rows are runs of blocks.

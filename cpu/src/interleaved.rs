@@ -6,14 +6,15 @@
 //! super entries, one per super-block. A group-block holds:
 //! - the eight rows' scales, scale after scale, each a run of eight: `d` as IEEE halves,
 //!   then (Q4_1, Q5_1) their eight `m`; the K formats' steps as signed bytes (K4, K5: the
-//!   scale steps, then the min steps; K8: the first then the second half's; K2: the
-//!   halves' scale steps, then their min steps);
-//! - (Q5_0, Q5_1, K5; K6) the eight rows' high-bit words `qh`, row `l`'s at `4l` (K6: the
-//!   fifth bits' words, then the sixth's);
-//! - the eight rows' codes in chunks of 32 bytes: chunk `c` holds 4 bytes of each row,
-//!   row `l`'s bytes `4c..4c + 4` of its block at `32c + 4l`. For Q4 that is values
-//!   `4c..4c + 4` in the low nibbles and `16 + 4c..` in the high ones; for Q8_0 and K8
-//!   values `4c..4c + 4`.
+//!   scale steps, then the min steps; K8, K6, K3: the first then the second half's; K2:
+//!   the halves' scale steps, then their min steps);
+//! - (Q5_0, Q5_1, K5, K3; K6) the eight rows' high bytes, row `l`'s byte `i` at
+//!   `32 (i / 4) + 4l + i % 4` (one run of 32 bytes; K6: two);
+//! - the eight rows' codes in chunks of 32 bytes, row `l`'s byte `i` likewise: chunk `c`
+//!   holds 4 bytes of each row, row `l`'s bytes `4c..4c + 4` of its block at `32c + 4l`.
+//!   For Q4 that is values `4c..4c + 4` in the low nibbles and `16 + 4c..` in the high
+//!   ones; for Q8_0 and K8 values `4c..4c + 4`; K2's and K3's two chunks hold the crumbs
+//!   of values below 16, then above.
 //!
 //! A super entry holds the eight rows' super-block `d` as IEEE halves, then their `-dmin`.
 //!
@@ -279,8 +280,8 @@ fn lane_scales(format: QuantFormat, block: &[u8], sup: &[u8], l: usize) -> ([f32
     format.block_scales(&steps, sup)
 }
 
-/// A group-block's scales in FP32: `d` and `m` per lane (`m` as in `crate::dot`; K8 and
-/// K2: the second half's `d`), `sup` its super entry.
+/// A group-block's scales in FP32: `d` and `m` per lane (`m` as in `crate::dot`; the
+/// formats with a scale per half: the second half's `d`), `sup` its super entry.
 fn group_scales(format: QuantFormat, block: &[u8], sup: &[u8]) -> ([f32; LANES], [f32; LANES]) {
     let lanes: [_; LANES] = std::array::from_fn(|l| lane_scales(format, block, sup, l));
     let d = lanes.map(|(d, _)| d[0]);
@@ -291,9 +292,10 @@ fn group_scales(format: QuantFormat, block: &[u8], sup: &[u8]) -> ([f32; LANES],
     (d, m)
 }
 
-/// Block `b`'s scales per lane in a group of `nb` blocks a row: `d`, `m` and K2's and
-/// K6's two mins (zeros for the other formats), from `scales` where given (the group's expanded
-/// scales, `crate::dot::expand_scales`), else from the group-block.
+/// Block `b`'s scales per lane in a group of `nb` blocks a row: `d`, `m` and the two mins
+/// of the formats with an offset per half (zeros for the others), from `scales` where
+/// given (the group's expanded scales, `crate::dot::expand_scales`), else from the
+/// group-block.
 pub(crate) fn block_lanes(
     format: QuantFormat,
     group: &[u8],
@@ -318,7 +320,8 @@ pub(crate) fn block_lanes(
     out
 }
 
-/// K2's and K6's mins per lane, of the first and the second half.
+/// The mins per lane of the formats with an offset per half, of the first and the second
+/// half.
 fn group_mins(format: QuantFormat, block: &[u8], sup: &[u8]) -> ([f32; LANES], [f32; LANES]) {
     let lanes: [_; LANES] = std::array::from_fn(|l| lane_scales(format, block, sup, l).1);
     (lanes.map(|m| m[0]), lanes.map(|m| m[1]))

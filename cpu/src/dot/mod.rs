@@ -4,8 +4,9 @@
 //! A block's product is `d_w d_x sum(q_w q_x) + m_w s_x`: the integer sum in SIMD, `m_w`
 //! being Q4_1's, Q5_1's, K4's and K5's `m`, `-8 d_w` for Q4_0 (whose codes are read as 0..15),
 //! `-16 d_w` for Q5_0 and 0 for Q8_0. K8 has a `d_w` per half of 16 values and sums the
-//! halves apart: `fma(sum_1, d_w1 d_x, fma(sum_0, d_w0 d_x, acc))`; K2 too, then adds
-//! each half's `m_wh s_xh` (`s_xh` the activations' sum over that half). Each lane (row)
+//! halves apart: `fma(sum_1, d_w1 d_x, fma(sum_0, d_w0 d_x, acc))`; K2, K3 and K6 too,
+//! then add each half's `m_wh s_xh` (`s_xh` the activations' sum over that half; K3's
+//! `m_wh` is `-4 d_wh`, K6's `-32 d_wh`). Each lane (row)
 //! accumulates `fma(sum, d_w d_x, acc)` then `fma(m_w, s_x, acc)` block by block, whatever
 //! the batch, so a token's result does not depend on the tokens beside it.
 
@@ -134,7 +135,8 @@ pub(crate) fn group_dots(
 }
 
 /// Group `g`'s scales in FP32 into `out`, block after block: `d` and `m` per lane as the
-/// kernels take them, then K2's two mins (`QuantFormat::expanded_vectors` a block). A
+/// kernels take them, then the two mins of the formats with an offset per half
+/// (`QuantFormat::expanded_vectors` a block). A
 /// product of many tiles of tokens reads these instead of converting the K formats' steps
 /// in every tile; the values are the same.
 pub(crate) fn expand_scales(
