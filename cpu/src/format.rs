@@ -342,13 +342,10 @@ impl<'a> QuantWeights<'a> {
     /// Row `r` decoded to FP32 into `out` (`cols` values): `d * q + m` per value.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let codes = self.row_codes(r);
-        let steps = self.row_scale_bytes(r);
-        let supers = self.row_supers(r);
-        let (cb, sb) = (self.format.code_bytes(), self.format.block_scale_bytes());
+        let cb = self.format.code_bytes();
         for (b, values) in out[..self.cols].chunks_exact_mut(QBLOCK).enumerate() {
             let block = &codes[b * cb..(b + 1) * cb];
-            let sup = super_at(supers, b);
-            let (d, m) = self.format.block_scales(&steps[b * sb..(b + 1) * sb], sup);
+            let (d, m) = self.block_scales(r, b);
             let q = self.format.block_codes(block);
             for (j, v) in values.iter_mut().enumerate() {
                 *v = match self.format.signed_codes() {

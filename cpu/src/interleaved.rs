@@ -280,18 +280,6 @@ fn lane_scales(format: QuantFormat, block: &[u8], sup: &[u8], l: usize) -> ([f32
     format.block_scales(&steps, sup)
 }
 
-/// A group-block's scales in FP32: `d` and `m` per lane (`m` as in `crate::dot`; the
-/// formats with a scale per half: the second half's `d`), `sup` its super entry.
-fn group_scales(format: QuantFormat, block: &[u8], sup: &[u8]) -> ([f32; LANES], [f32; LANES]) {
-    let lanes: [_; LANES] = std::array::from_fn(|l| lane_scales(format, block, sup, l));
-    let d = lanes.map(|(d, _)| d[0]);
-    let m = lanes.map(|(d, m)| match format.half_scales() {
-        true => d[1],
-        false => m[0],
-    });
-    (d, m)
-}
-
 /// Block `b`'s scales per lane in a group of `nb` blocks a row: `d`, `m` and the two mins
 /// of the formats with an offset per half (zeros for the others), from `scales` where
 /// given (the group's expanded scales, `crate::dot::expand_scales`), else from the
@@ -311,18 +299,19 @@ pub(crate) fn block_lanes(
             let gbb = format.group_block_bytes();
             let block = &group[b * gbb..(b + 1) * gbb];
             let sup = super_entry(format, group, nb, b);
-            (out[0], out[1]) = group_scales(format, block, sup);
+            let lanes: [_; LANES] = std::array::from_fn(|l| lane_scales(format, block, sup, l));
+            // `m` as in `crate::dot`: the formats with a scale per half take the second
+            // half's `d` there, and (with an offset per half) their mins after.
+            out[0] = lanes.map(|(d, _)| d[0]);
+            out[1] = lanes.map(|(d, m)| match format.half_scales() {
+                true => d[1],
+                false => m[0],
+            });
             if format.half_mins() {
-                (out[2], out[3]) = group_mins(format, block, sup);
+                out[2] = lanes.map(|(_, m)| m[0]);
+                out[3] = lanes.map(|(_, m)| m[1]);
             }
         }
     }
     out
-}
-
-/// The mins per lane of the formats with an offset per half, of the first and the second
-/// half.
-fn group_mins(format: QuantFormat, block: &[u8], sup: &[u8]) -> ([f32; LANES], [f32; LANES]) {
-    let lanes: [_; LANES] = std::array::from_fn(|l| lane_scales(format, block, sup, l).1);
-    (lanes.map(|m| m[0]), lanes.map(|m| m[1]))
 }

@@ -92,8 +92,7 @@ impl PackedMatrix {
         let mut codes = Vec::with_capacity(blocks * (block_bytes - codes_at));
         let mut halves: Vec<u16> = Vec::with_capacity(blocks * 2);
         for block in bytes.chunks_exact(block_bytes) {
-            let words = block[..codes_at].chunks_exact(2);
-            halves.extend(words.map(|h| u16::from_le_bytes([h[0], h[1]])));
+            halves.extend(le_halves(&block[..codes_at]));
             codes.extend_from_slice(&block[codes_at..]);
         }
         Some(Self::from_blocks(ty, rows, cols, &codes, &halves, &[]))
@@ -134,10 +133,7 @@ impl PackedMatrix {
                 codes.extend(format.encode_codes(&g.q.map(|q| i32::from(q) + offset)));
             });
         }
-        let words: Vec<u16> = steps
-            .chunks_exact(2)
-            .map(|w| u16::from_le_bytes([w[0], w[1]]))
-            .collect();
+        let words: Vec<u16> = le_halves(&steps).collect();
         Self::from_blocks(ty, rows, cols, &codes, &words, &supers)
     }
 
@@ -284,10 +280,7 @@ impl PackedMatrix {
                 steps.extend(own_d.iter().chain(own_m).map(|&v| v as u8));
             }
         }
-        let words: Vec<u16> = steps
-            .chunks_exact(2)
-            .map(|w| u16::from_le_bytes([w[0], w[1]]))
-            .collect();
+        let words: Vec<u16> = le_halves(&steps).collect();
         Self::from_blocks(ggml_type, rows, cols, &codes, &words, &supers)
     }
 
@@ -301,10 +294,7 @@ impl PackedMatrix {
         halves: &[u16],
         supers: &[u16],
     ) -> Self {
-        let quants = codes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let quants = le_words(codes).collect();
         let mut halves = halves.to_vec();
         if halves.len() % 2 == 1 {
             halves.push(0);
@@ -392,6 +382,13 @@ fn device_twin(format: fornax_cpu::QuantFormat) -> Option<(fornax_cpu::QuantForm
         F::K2 => Some((F::K4, 0)),
         _ => None,
     }
+}
+
+/// Bytes as little-endian 16-bit words.
+fn le_halves(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
+    bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
 }
 
 /// Bytes as little-endian 32-bit words.
