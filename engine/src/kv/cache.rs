@@ -10,7 +10,7 @@ use super::{
     BatchSeq, BlockPool, BlockValues, KvCapacity, KvDims, KvError, KvStats, KvStore, Move,
     PagedBatch, SeqId, Tier, TierPolicy, BLOCK_TOKENS,
 };
-use crate::prefix::PrefixIndex;
+use crate::prefix::{PrefixIndex, PrefixStats};
 
 /// The sliding pool: the windowed layers' blocks, at most a window's worth per sequence
 /// between steps.
@@ -121,12 +121,21 @@ impl<B: Backend> PagedKv<B> {
     }
 
     /// Shares full blocks across sequences through prefix indexes salted with `salt`
-    /// (one per pool).
+    /// (one per pool). The sliding pool's keeps ghosts of the blocks it gave back, as many
+    /// as the other pool has blocks: a prefix that pool holds whole is found in it while
+    /// its window is still cached.
     pub fn enable_prefix_cache(&mut self, salt: u64) {
         self.pool.enable_prefix_cache(PrefixIndex::new(salt));
+        let ghosts = self.pool.capacity().total();
         if let Some(s) = &mut self.sliding {
-            s.pool.enable_prefix_cache(PrefixIndex::new(salt));
+            let index = PrefixIndex::new(salt).with_ghosts(ghosts);
+            s.pool.enable_windowed_prefix_cache(index, s.keys);
         }
+    }
+
+    /// The sliding pool's prefix-cache figures, if it has one.
+    pub fn sliding_prefix_stats(&self) -> Option<PrefixStats> {
+        self.sliding.as_ref().and_then(|s| s.pool.prefix_stats())
     }
 
     /// Registers an empty sequence.

@@ -35,8 +35,10 @@ struct Sequence {
     blocks: Vec<BlockId>,
     /// Tokens it has run: the position of its next token.
     len: usize,
-    /// Tokens whose blocks an elastic window dropped (whole blocks after the sink).
+    /// Tokens whose blocks an elastic window dropped (whole blocks after the first
+    /// `sinks`).
     dropped: usize,
+    sinks: usize,
     /// Leading blocks matched in or added to the prefix index, and where that walk stands
     /// (`None`: it cannot go on).
     indexed: usize,
@@ -49,6 +51,16 @@ impl Sequence {
     /// Tokens held in its blocks.
     fn stored(&self) -> usize {
         self.len - self.dropped
+    }
+
+    /// The block holding its `i`-th block of tokens (`None`: a window dropped it).
+    fn block_at(&self, i: usize) -> Option<BlockId> {
+        let gone = self.dropped / BLOCK_TOKENS;
+        match i.checked_sub(self.sinks) {
+            None => self.blocks.get(i).copied(),
+            Some(j) if j < gone => None,
+            Some(_) => self.blocks.get(i - gone).copied(),
+        }
     }
 }
 
@@ -83,6 +95,9 @@ pub struct BlockPool {
     trims: u64,
     trimmed_tokens: u64,
     prefix: Option<PrefixIndex>,
+    /// Keys a query sees, where every sequence keeps only its window (a sliding pool): a
+    /// reused prefix then needs only the blocks holding its last `window` tokens.
+    window: Option<usize>,
     /// Cached blocks without references, by the tick they became so.
     evictable: BTreeMap<u64, BlockId>,
     tick: u64,
@@ -126,6 +141,7 @@ impl BlockPool {
             trims: 0,
             trimmed_tokens: 0,
             prefix: None,
+            window: None,
             evictable: BTreeMap::new(),
             tick: 0,
             evicted: Vec::new(),
@@ -244,6 +260,14 @@ impl BlockPool {
         self.prefix = Some(index);
     }
 
+    /// [`Self::enable_prefix_cache`] for a pool whose sequences keep only the blocks
+    /// holding their newest `window` tokens: a sequence reusing a prefix starts without
+    /// the blocks before those (best with an index that keeps ghosts).
+    pub fn enable_windowed_prefix_cache(&mut self, index: PrefixIndex, window: usize) {
+        self.prefix = Some(index);
+        self.window = Some(window);
+    }
+
     /// The prefix cache's counters, if it is on.
     pub fn prefix_stats(&self) -> Option<PrefixStats> {
         self.prefix.as_ref().map(|p| p.stats)
@@ -278,13 +302,18 @@ impl BlockPool {
         };
         let looked = tokens.len().saturating_sub(1);
         let limit = looked.min(cap);
-        let m = prefix.lookup(tokens, limit);
-        let mut chain = m.chain;
+        let mut m = prefix.lookup(tokens, limit);
+        let gone = m.fit_window(self.window);
+        let mut chain = m.chain();
         // A partly filled cached block is passed over when host memory holds more there.
         let partial = m
             .partial
             .filter(|&(_, n)| self.host_reach(&tokens[..limit], m.full.len(), chain) <= n);
-        let attached: Vec<BlockId> = m.full.iter().copied().chain(partial.map(|p| p.0)).collect();
+        let attached: Vec<BlockId> = m.full[gone..]
+            .iter()
+            .map(|b| b.expect("fit to the window"))
+            .chain(partial.map(|p| p.0))
+            .collect();
         for &b in &attached {
             let block = &mut self.blocks[b as usize];
             if block.refs == 0 {
@@ -311,6 +340,7 @@ impl BlockPool {
         seq.chain = Some(chain);
         seq.blocks = blocks;
         seq.len = len;
+        seq.dropped = gone * BLOCK_TOKENS;
         len
     }
 
@@ -444,27 +474,32 @@ impl BlockPool {
         self.free_sequence(id)
     }
 
-    /// Adds `id`'s full FP32 blocks not yet indexed, and with `finished` its partly filled
-    /// last block; `tokens` are the ids it holds (at least its length).
+    /// Adds `id`'s full FP32 blocks not yet indexed (ghosts of those a window dropped
+    /// first), and with `finished` its partly filled last block; `tokens` are the ids it
+    /// holds (at least its length).
     pub fn index_prefix(&mut self, id: SeqId, tokens: &[u32], finished: bool) {
         let Some(prefix) = self.prefix.as_mut() else {
             return;
         };
-        // A windowed sequence's blocks no longer follow its tokens.
-        let Some(seq) = self.seqs.get_mut(&id).filter(|s| s.dropped == 0) else {
+        let Some(seq) = self.seqs.get_mut(&id) else {
             return;
         };
         let full = seq.len.min(tokens.len()) / BLOCK_TOKENS;
         while seq.indexed < full {
             let Some(chain) = seq.chain else { return };
             let i = seq.indexed;
-            let b = seq.blocks[i];
+            let held = &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS];
+            let Some(b) = seq.block_at(i) else {
+                seq.chain = prefix.insert_ghost(chain, held);
+                seq.indexed += 1;
+                continue;
+            };
             if self.blocks[b as usize].tier != Tier::F32 {
                 seq.chain = None;
                 return;
             }
             let inserted = prefix.stats.inserted;
-            seq.chain = prefix.insert(chain, b, &tokens[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]);
+            seq.chain = prefix.insert(chain, b, held);
             seq.indexed += 1;
             if self.publish && prefix.stats.inserted > inserted {
                 let slot = self.blocks[b as usize].slot;
@@ -475,7 +510,7 @@ impl BlockPool {
         let len = seq.len.min(tokens.len());
         let tail = full * BLOCK_TOKENS..len;
         if finished && !tail.is_empty() && seq.indexed == full {
-            let b = seq.blocks[full];
+            let b = seq.block_at(full).expect("a window keeps the last block");
             if let (Some(chain), Tier::F32) = (seq.chain, self.blocks[b as usize].tier) {
                 prefix.insert_partial(chain, b, &tokens[tail]);
             }
@@ -840,7 +875,7 @@ impl BlockPool {
         }
         let gone: Vec<BlockId> = seq.blocks.drain(sink_blocks..first_kept).collect();
         seq.dropped += gone.len() * BLOCK_TOKENS;
-        seq.chain = None;
+        seq.sinks = sink_blocks;
         self.trimmed_tokens += (gone.len() * BLOCK_TOKENS) as u64;
         self.trims += 1;
         let freed = gone

@@ -5,9 +5,12 @@
 //! (node ids are never reused), so a collision can only cost a miss, never wrong output.
 //! The last, partly filled block of a finished sequence is indexed too, found through its
 //! parent; a full block can also serve its first tokens. A sequence that reuses a block
-//! partly copies it before writing into it.
+//! partly copies it before writing into it. An index for sliding-window layers keeps
+//! ghosts of full blocks whose data has gone (their tokens and place in the chain, no
+//! block): a walk goes on through them, so a long prefix whose window is still cached is
+//! found and verified however much of its start has been given back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use crate::kv::{BlockId, BlockKey, BLOCK_TOKENS};
@@ -47,20 +50,56 @@ struct Node {
     tokens: Box<[u32]>,
 }
 
-/// What a lookup found: full blocks in order, then perhaps a block whose first tokens
-/// continue the prompt (to be copied before it is written: copy-on-write).
+/// A full block whose data has gone: where it sat in the chain and what it held.
+#[derive(Debug, Clone)]
+struct Ghost {
+    node: u64,
+    parent: u64,
+    tokens: Box<[u32]>,
+    /// When it became a ghost (its place in the order ghosts are forgotten in).
+    since: u64,
+}
+
+/// What a lookup found: full blocks in order (`None` for a ghost), then perhaps a block
+/// whose first tokens continue the prompt (to be copied before it is written:
+/// copy-on-write).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixMatch {
-    pub full: Vec<BlockId>,
+    pub full: Vec<Option<BlockId>>,
     pub partial: Option<(BlockId, usize)>,
-    /// The walk after the full blocks.
-    pub chain: Chain,
+    /// The walk from the root: where it stood before each full block, and after the last.
+    pub chains: Vec<Chain>,
 }
 
 impl PrefixMatch {
     /// Tokens reused.
     pub fn tokens(&self) -> usize {
         self.full.len() * BLOCK_TOKENS + self.partial.map_or(0, |p| p.1)
+    }
+
+    /// The walk after the full blocks.
+    pub fn chain(&self) -> Chain {
+        *self.chains.last().expect("the root at least")
+    }
+
+    /// Keeps the longest part of the match whose blocks holding the last `window` tokens
+    /// all have their data (all of it when `window` is `None`), dropping the rest; returns
+    /// the full blocks before those, which a sequence starting here does without.
+    pub fn fit_window(&mut self, window: Option<usize>) -> usize {
+        let real = |m: &Self, from: usize| m.full[from..].iter().all(Option::is_some);
+        let first = |len: usize| window.map_or(0, |w| len.saturating_sub(w) / BLOCK_TOKENS);
+        if self.partial.is_some() && real(self, first(self.tokens())) {
+            return first(self.tokens());
+        }
+        self.partial = None;
+        loop {
+            let from = first(self.tokens());
+            if real(self, from) {
+                return from;
+            }
+            self.full.pop();
+            self.chains.pop();
+        }
     }
 }
 
@@ -100,6 +139,12 @@ pub struct PrefixIndex {
     nodes: HashMap<BlockId, Node>,
     /// Indexed blocks by their parent's node id.
     children: HashMap<u64, Vec<BlockId>>,
+    /// Ghosts by key, at most `max_ghosts`, and their keys with when each became one, oldest
+    /// first (a key revived since has a stale entry).
+    ghosts: HashMap<u64, Ghost>,
+    ghost_order: VecDeque<(u64, u64)>,
+    max_ghosts: usize,
+    ghost_tick: u64,
     hasher: BlockHasher,
     root: u64,
     next_node: u64,
@@ -119,10 +164,23 @@ impl PrefixIndex {
             keys: HashMap::new(),
             nodes: HashMap::new(),
             children: HashMap::new(),
+            ghosts: HashMap::new(),
+            ghost_order: VecDeque::new(),
+            max_ghosts: 0,
+            ghost_tick: 0,
             hasher,
             root: hasher(salt, &[]),
             next_node: ROOT_NODE + 1,
             stats: PrefixStats::default(),
+        }
+    }
+
+    /// Keeps up to `max` ghosts of full blocks taken out of the index (for an index of
+    /// sliding-window layers).
+    pub fn with_ghosts(self, max: usize) -> Self {
+        Self {
+            max_ghosts: max,
+            ..self
         }
     }
 
@@ -135,27 +193,35 @@ impl PrefixIndex {
     }
 
     /// The verified cached blocks that hold the first `limit` tokens of `tokens`, or as
-    /// many as are cached: full blocks by key, then the child of the last one sharing the
-    /// most leading tokens with what is left.
+    /// many as are cached: full blocks (or their ghosts) by key, then the child of the last
+    /// one sharing the most leading tokens with what is left.
     pub fn lookup(&mut self, tokens: &[u32], limit: usize) -> PrefixMatch {
         let limit = limit.min(tokens.len());
-        let mut chain = self.root();
+        let mut chains = vec![self.root()];
         let mut full = Vec::new();
         while (full.len() + 1) * BLOCK_TOKENS <= limit {
             let i = full.len() * BLOCK_TOKENS;
             let block = &tokens[i..i + BLOCK_TOKENS];
+            let chain = *chains.last().expect("the root at least");
             let key = (self.hasher)(chain.key, block);
-            let Some(&b) = self.keys.get(&key) else {
-                break;
+            let (b, node, parent, held) = match self.keys.get(&key) {
+                Some(&b) => {
+                    let n = &self.nodes[&b];
+                    (Some(b), n.node, n.parent, &n.tokens)
+                }
+                None => match self.ghosts.get(&key) {
+                    Some(g) => (None, g.node, g.parent, &g.tokens),
+                    None => break,
+                },
             };
-            let n = &self.nodes[&b];
-            if n.parent != chain.node || *n.tokens != *block {
+            if parent != chain.node || **held != *block {
                 self.stats.collisions += 1;
                 break;
             }
             full.push(b);
-            chain = Chain { key, node: n.node };
+            chains.push(Chain { key, node });
         }
+        let chain = *chains.last().expect("the root at least");
         let rest = &tokens[full.len() * BLOCK_TOKENS..limit];
         let partial = self
             .children
@@ -176,7 +242,7 @@ impl PrefixIndex {
         PrefixMatch {
             full,
             partial,
-            chain,
+            chains,
         }
     }
 
@@ -192,9 +258,91 @@ impl PrefixIndex {
             return (n.parent == chain.node && *n.tokens == *tokens)
                 .then_some(Chain { key, node: n.node });
         }
+        if let Some(g) = self.ghosts.get(&key) {
+            // Its data again: the ghost comes back to life under its own node, so the
+            // walks through it still hold.
+            if g.parent != chain.node || *g.tokens != *tokens {
+                return None;
+            }
+            let g = self.ghosts.remove(&key).expect("just found");
+            let node = g.node;
+            self.revive(block, key, g, chain.key);
+            return Some(Chain { key, node });
+        }
         let node = self.add(chain, block, tokens, Some(key));
         self.keys.insert(key, block);
         Some(Chain { key, node })
+    }
+
+    /// Records the full block holding `tokens` after `chain` as a ghost (its data has
+    /// gone before it was indexed); returns the chain that continues from it, or `None`
+    /// when this index keeps no ghosts or the key is another prefix's.
+    pub fn insert_ghost(&mut self, chain: Chain, tokens: &[u32]) -> Option<Chain> {
+        debug_assert_eq!(tokens.len(), BLOCK_TOKENS);
+        if self.max_ghosts == 0 {
+            return None;
+        }
+        let key = (self.hasher)(chain.key, tokens);
+        let known = match self.keys.get(&key) {
+            Some(b) => self.nodes.get(b).map(|n| (n.node, n.parent, &n.tokens)),
+            None => self.ghosts.get(&key).map(|g| (g.node, g.parent, &g.tokens)),
+        };
+        if let Some((node, parent, held)) = known {
+            return (parent == chain.node && **held == *tokens).then_some(Chain { key, node });
+        }
+        let node = self.next_node;
+        self.next_node += 1;
+        self.add_ghost(key, node, chain.node, tokens.into());
+        Some(Chain { key, node })
+    }
+
+    /// Keeps a ghost of `node` (after `parent`, holding `tokens`) under `key`, forgetting
+    /// the oldest ghost past the limit.
+    fn add_ghost(&mut self, key: u64, node: u64, parent: u64, tokens: Box<[u32]>) {
+        let since = self.ghost_tick;
+        self.ghost_tick += 1;
+        self.ghost_order.push_back((key, since));
+        let ghost = Ghost {
+            node,
+            parent,
+            tokens,
+            since,
+        };
+        self.ghosts.insert(key, ghost);
+        let current = |ghosts: &HashMap<u64, Ghost>, (key, since): (u64, u64)| {
+            ghosts.get(&key).is_some_and(|g| g.since == since)
+        };
+        while self.ghosts.len() > self.max_ghosts {
+            let Some(entry) = self.ghost_order.pop_front() else {
+                break;
+            };
+            if current(&self.ghosts, entry) {
+                self.ghosts.remove(&entry.0);
+            }
+        }
+        // Stale entries (ghosts revived since) are dropped before they outnumber the ghosts.
+        if self.ghost_order.len() > 2 * self.max_ghosts {
+            let ghosts = &self.ghosts;
+            self.ghost_order.retain(|&e| current(ghosts, e));
+        }
+    }
+
+    /// Gives ghost `g`, found under `key` after the block keyed `parent_key`, the data of
+    /// `block`.
+    fn revive(&mut self, block: BlockId, key: u64, g: Ghost, parent_key: u64) {
+        self.nodes.insert(
+            block,
+            Node {
+                key: Some(key),
+                node: g.node,
+                parent: g.parent,
+                parent_key,
+                tokens: g.tokens,
+            },
+        );
+        self.children.entry(g.parent).or_default().push(block);
+        self.keys.insert(key, block);
+        self.stats.inserted += 1;
     }
 
     /// Indexes a partly filled last `block` holding `tokens` after `chain`, unless a
@@ -278,13 +426,17 @@ impl PrefixIndex {
         self.nodes.contains_key(&block)
     }
 
-    /// Takes `block` out of the index (it was evicted or its contents change).
+    /// Takes `block` out of the index (it was evicted or its contents change); a full one
+    /// stays as a ghost where the index keeps them.
     pub fn remove(&mut self, block: BlockId) -> bool {
         let Some(n) = self.nodes.remove(&block) else {
             return false;
         };
         if let Some(key) = n.key {
             self.keys.remove(&key);
+            if self.max_ghosts > 0 {
+                self.add_ghost(key, n.node, n.parent, n.tokens.clone());
+            }
         }
         if let Some(siblings) = self.children.get_mut(&n.parent) {
             siblings.retain(|&b| b != block);

@@ -188,3 +188,72 @@ fn blocks_that_age_into_fp16_leave_the_index_and_a_trimmed_sequence_adds_none() 
     p.index_prefix(b, &tokens(1000, 192), true);
     assert_eq!(p.prefix_stats().unwrap().inserted, 4);
 }
+
+/// Runs a sequence over `prompt` in a pool keeping a window of `window` tokens, 32 tokens
+/// a step (each step indexed, then trimmed); returns it and the tokens it reused.
+fn run_windowed(pool: &mut BlockPool, prompt: &[u32], window: usize) -> (SeqId, usize) {
+    let (seq, hit) = pool.add_sequence_with_prefix(prompt);
+    let mut at = hit;
+    while at < prompt.len() {
+        let step = (prompt.len() - at).min(BLOCK_TOKENS);
+        pool.reserve(seq, step).unwrap();
+        pool.advance_indexed(seq, step, Some(prompt)).unwrap();
+        pool.trim_window(seq, 0, window).unwrap();
+        at += step;
+    }
+    (seq, hit)
+}
+
+/// A pool of 6 blocks whose sequences keep 64 tokens, indexed by `index`.
+fn windowed_pool(index: PrefixIndex) -> BlockPool {
+    let mut p = BlockPool::new(KvCapacity::f32_only(6), TierPolicy::ALL_F32);
+    p.enable_windowed_prefix_cache(index, 64);
+    p
+}
+
+#[test]
+fn a_windowed_pool_reuses_a_long_prefix_through_ghosts_of_the_blocks_it_gave_back() {
+    let prompt = tokens(0, 10 * BLOCK_TOKENS);
+    let reuse = |index: PrefixIndex, again: &[u32]| {
+        let mut p = windowed_pool(index);
+        let (s, _) = run_windowed(&mut p, &prompt, 64);
+        p.free_sequence(s).unwrap();
+        assert!(
+            p.prefix_stats().unwrap().evictions >= 4,
+            "the start is gone"
+        );
+        let (s, hit) = p.add_sequence_with_prefix(again);
+        (hit, p.blocks(s).unwrap().len(), p.stored(s).unwrap())
+    };
+    // 319 tokens reused; the sequence starts with the blocks of its last 64 (blocks 7, 8
+    // and the first 31 tokens of 9), as if it had run them.
+    let ghosts = || PrefixIndex::new(7).with_ghosts(16);
+    assert_eq!(reuse(ghosts(), &prompt), (319, 3, 319 - 7 * BLOCK_TOKENS));
+    // Without ghosts the walk stops at the first evicted block.
+    assert_eq!(reuse(PrefixIndex::new(7), &prompt).0, 0);
+    // Ghosts are verified like blocks: a prompt parting in the first block reuses nothing.
+    let mut other = prompt.clone();
+    other[5] = 9999;
+    assert_eq!(reuse(ghosts(), &other).0, 0);
+    // Past the limit the oldest ghosts are forgotten, and the walk stops there.
+    assert_eq!(reuse(PrefixIndex::new(7).with_ghosts(2), &prompt).0, 0);
+}
+
+#[test]
+fn a_block_computed_again_revives_its_ghost_for_later_walks() {
+    let mut p = windowed_pool(PrefixIndex::new(7).with_ghosts(16));
+    let a = tokens(0, 10 * BLOCK_TOKENS);
+    let (s, _) = run_windowed(&mut p, &a, 64);
+    p.free_sequence(s).unwrap();
+    // A short prompt sharing a's first two blocks finds them only as ghosts: it computes
+    // them again, and they come back into the index under their old place in the chain.
+    let b = [&a[..2 * BLOCK_TOKENS], &tokens(5000, 8)[..]].concat();
+    let (sb, hit) = run_windowed(&mut p, &b, 64);
+    assert_eq!(hit, 0);
+    let (sc, hit) = p.add_sequence_with_prefix(&b);
+    assert_eq!(hit, 2 * BLOCK_TOKENS, "the revived blocks");
+    assert_eq!(p.blocks(sc).unwrap()[..2], p.blocks(sb).unwrap()[..2]);
+    // a's walk still goes through them to its later ghosts and cached window.
+    let (_, hit) = p.add_sequence_with_prefix(&a);
+    assert_eq!(hit, a.len() - 1);
+}

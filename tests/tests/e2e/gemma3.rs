@@ -295,12 +295,12 @@ fn perplexity_matches_llama_cpp_on_wgpu() {
     check(BackendKind::Wgpu, Check::Perplexity { tokens: 1024 });
 }
 
-/// The engine on Gemma with the prefix cache: a 700-token prompt runs (its windowed layers
-/// give back the blocks past the window), then the same prompt and one sharing its first
-/// 300 tokens reuse what both pools hold: every full block of the first, since the sliding
-/// pool indexed them before giving them back, and all 300 tokens of the second (the last
-/// 12 from a copy of a shared block). Greedy tokens
-/// equal those computed without the cache.
+/// The engine on Gemma with the prefix cache: a 2,400-token prompt runs in chunks of 512
+/// (its windowed layers give back the blocks past the window, and the sliding pool, too
+/// small for them all, evicts the oldest), then the same prompt and one sharing its first
+/// 2,000 tokens reuse every token of theirs that the main pool holds: the sliding pool
+/// finds each prefix through ghosts of the blocks it gave back and holds the window before
+/// it. Greedy tokens equal those computed without the cache.
 struct SlidingPrefix;
 
 impl BackendTask for SlidingPrefix {
@@ -310,15 +310,18 @@ impl BackendTask for SlidingPrefix {
         let gguf = GgufFile::parse(gemma_file().bytes()).unwrap();
         let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
         let text = &reference().text.ids;
-        let first = text[..700].to_vec();
-        let other = [&text[..300], &text[800..900]].concat();
+        // The text three times over (BOS once).
+        let long = [&text[..], &text[1..], &text[1..]].concat();
+        let first = long[..2400].to_vec();
+        let other = [&long[..2000], &text[500..600]].concat();
         let prompts = [first.clone(), first, other];
+        let chunk = 512;
         let serve = |cache: bool| {
             let dims = model.kv_dims();
-            let capacity = KvCapacity::f32_only(96).with_sliding(dims, 2, 1024);
+            let capacity = KvCapacity::f32_only(160).with_sliding(dims, 2, chunk);
             let kv = model.new_paged_cache(capacity, TierPolicy::ALL_F32);
             let config = SchedulerConfig {
-                max_batch_tokens: 1024,
+                max_batch_tokens: chunk,
                 ..SchedulerConfig::default()
             };
             let mut engine = Engine::new(&model, kv, config, PolicyKind::default());
@@ -330,26 +333,31 @@ impl BackendTask for SlidingPrefix {
                 let sliding = e.kv.sliding_stats().expect("a sliding pool");
                 most_held = most_held.max(sliding.blocks_used);
             });
-            let stats = engine.kv.pool.prefix_stats();
+            let stats = (
+                engine.kv.pool.prefix_stats(),
+                engine.kv.sliding_prefix_stats(),
+            );
             (got, stats, engine.tokens_computed, most_held)
         };
         let (want, _, computed_without, _) = serve(false);
-        let (got, stats, computed_with, most_held) = serve(true);
-        let stats = stats.expect("cache on");
+        let (got, (stats, sliding), computed_with, most_held) = serve(true);
+        let (stats, sliding) = (stats.expect("cache on"), sliding.expect("cache on"));
         eprintln!(
-            "prefix cache on Gemma: {stats:?}; tokens computed {computed_with} vs {computed_without} without; at most {most_held} sliding blocks held"
+            "prefix cache on Gemma: {stats:?}; sliding pool {sliding:?}; tokens computed {computed_with} vs {computed_without} without; at most {most_held} sliding blocks held"
         );
         assert_eq!(got, want, "greedy tokens with and without the prefix cache");
-        assert_eq!(
-            stats.hit_tokens,
-            21 * 32 + 300,
-            "every token both pools hold"
-        );
-        assert_eq!(computed_without - computed_with, stats.hit_tokens);
-        // Two sequences of at most 708 tokens, each keeping its window (17 blocks) plus
-        // the block being written, after a step of at most 1,024 new tokens.
         assert!(
-            most_held <= 2 * 18 + 1024 / 32,
+            sliding.evictions > 0,
+            "the sliding pool gave back a prefix's start"
+        );
+        // All but the last token of the first prompt, and the shared 2,000 of the other.
+        assert_eq!(stats.hit_tokens, 2399 + 2000, "every token both pools hold");
+        assert_eq!(sliding.hit_tokens, stats.hit_tokens);
+        assert_eq!(computed_without - computed_with, stats.hit_tokens);
+        // Two sequences each keeping its window (17 blocks) plus the block being written,
+        // after a step of at most one chunk of new tokens.
+        assert!(
+            most_held <= 2 * 18 + chunk / 32,
             "{most_held} sliding blocks held"
         );
     }
