@@ -90,16 +90,17 @@ phase "build fornax (release) and fetch the default model" cargo run --release -
 phase "fetch Gemma 3 270M (its exactness tests)" cargo run --release -q -p fornax -- fetch gemma3-270m
 phase "the README's and docs' commands parse" python3 scripts/check-readme.py target/release/fornax
 
-install_openai() {
+install_python() {
     # Installed into the cache with --target, so no virtual environment is needed.
-    if ! PYTHONPATH="$FORNAX_PYTHONPATH" python3 -c "import openai" 2>/dev/null; then
-        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --target "$FORNAX_PYTHONPATH" "openai==3.57.0" ||
+    local packages=("openai==3.57.0" "jsonschema==4.26.0")
+    if ! PYTHONPATH="$FORNAX_PYTHONPATH" python3 -c "import openai, jsonschema" 2>/dev/null; then
+        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --target "$FORNAX_PYTHONPATH" "${packages[@]}" ||
             python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --break-system-packages \
-                --target "$FORNAX_PYTHONPATH" "openai==3.57.0"
+                --target "$FORNAX_PYTHONPATH" "${packages[@]}"
     fi
 }
 export FORNAX_PYTHONPATH="${FORNAX_HOME:-$HOME/.cache/fornax}/python"
-phase "the openai Python client (server test)" install_openai
+phase "the openai client and jsonschema (server and structured-output tests)" install_python
 
 # fornax-web is built for wasm32 and tested in the browser below, not natively. The build
 # also lists each test binary (name, kind, package folder, path) for the phases below.

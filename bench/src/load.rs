@@ -280,6 +280,7 @@ pub(super) fn serve_jobs<B: EngineBackend>(
                 qos: j.qos,
                 sampling: SamplingParams::greedy(),
                 stop_ids: vec![],
+                constraint: None,
             };
             match engine.submit(req) {
                 Ok(id) => {

@@ -159,6 +159,7 @@ impl PrefixBench<'_> {
             qos: 0,
             sampling: SamplingParams::greedy(),
             stop_ids: vec![],
+            constraint: None,
         };
         // Warm-up: each system prompt once, outside the figures (a replica that has seen
         // nothing skips it).

@@ -210,6 +210,7 @@ impl SpecBench<'_> {
                         qos: 0,
                         sampling: SamplingParams::greedy(),
                         stop_ids: self.tok.stop_ids(),
+                        constraint: None,
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;

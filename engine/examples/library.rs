@@ -71,6 +71,7 @@ fn main() -> anyhow::Result<()> {
             qos: 0,
             sampling: SamplingParams::greedy(),
             stop_ids: tokenizer.stop_ids(),
+            constraint: None,
         })?;
         answers.push((id, message, Vec::new()));
     }

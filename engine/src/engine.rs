@@ -5,9 +5,10 @@ use std::collections::HashMap;
 
 use burn_tensor::{Int, Tensor, TensorData};
 
+use crate::grammar::{Constraint, Mask};
 use crate::kv::{BlockValues, KvStats, PagedKv, BLOCK_TOKENS};
 use crate::model::{Logits, Model, ModelError, SeqTokens};
-use crate::sampling::{pick_rows, Sampler, SamplingParams};
+use crate::sampling::{pick_rows_masked, Sampler, SamplingParams};
 use crate::sched::{
     FinishReason, PolicyKind, RequestId, Scheduled, Scheduler, SchedulerConfig, SubmitError,
 };
@@ -26,6 +27,9 @@ pub struct Request {
     pub sampling: SamplingParams,
     /// Generation stops after emitting any of these.
     pub stop_ids: Vec<u32>,
+    /// The grammar the output must match (see [`crate::grammar`]): each step samples
+    /// only tokens it allows, and the request ends when it is complete.
+    pub constraint: Option<Constraint>,
 }
 
 /// What a step produced for a request.
@@ -42,6 +46,7 @@ struct Decoding {
     sampler: Sampler,
     stop_ids: Vec<u32>,
     acceptance: Acceptance,
+    constraint: Option<Constraint>,
 }
 
 /// Speculative decoding as the engine runs it.
@@ -140,6 +145,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 acceptance: Acceptance::new(
                     self.speculation.as_ref().map_or(0.0, |s| s.draft_cost),
                 ),
+                constraint: request.constraint,
             },
         );
         Ok(id)
@@ -183,7 +189,9 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 continue;
             }
             let decoding = self.decoding.get_mut(&r.id).expect("in flight");
-            if !decoding.acceptance.wants_draft() {
+            // A constrained request decodes token by token: each needs the mask after
+            // the one before.
+            if !decoding.acceptance.wants_draft() || decoding.constraint.is_some() {
                 continue;
             }
             // The pass's rows all see the tiers of its first row's length: a draft stops
@@ -281,6 +289,15 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 let stop = &d.stop_ids;
                 let (taken, reason) = self.sched.complete_verified(s, *accepted, tokens, stop);
                 finished = reason;
+                if let (Some(c), None) = (d.constraint.as_mut(), finished) {
+                    finished = match c.consume(&tokens[..taken]) {
+                        Err(e) => {
+                            tracing::warn!(request = s.id.0, "{e}");
+                            Some(FinishReason::GrammarFailed)
+                        }
+                        Ok(()) => c.is_finished().then_some(FinishReason::Stop),
+                    };
+                }
                 // The request's generator moves past the draws its emitted tokens used.
                 for _ in 0..tokens.len() {
                     d.sampler.draw();
@@ -335,12 +352,18 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
     fn pick(&mut self, batch: &[Scheduled], logits: Tensor<B, 2>) -> Vec<Option<Vec<u32>>> {
         let mut rows = Vec::new();
         let mut samplers = Vec::new();
+        let mut masks: Vec<Option<Mask>> = Vec::new();
         let mut row = 0i64;
         for s in batch {
             let n = 1 + s.drafted;
             if s.samples {
                 rows.extend(row..row + n as i64);
-                samplers.extend(sampler_chain(&self.decoding[&s.id].sampler, n));
+                let d = self.decoding.get_mut(&s.id).expect("in flight");
+                samplers.extend(sampler_chain(&d.sampler, n));
+                // Constrained requests have no drafts: one row, one mask. A mask that
+                // fails leaves the row free; consuming the token then fails the request.
+                let mask = d.constraint.as_mut().map(|c| c.mask());
+                masks.extend((0..n).map(|_| mask.clone().and_then(|m| m.ok())));
             }
             row += n as i64;
         }
@@ -358,7 +381,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 );
                 logits.select(0, idx)
             };
-            tokens = pick_rows(logits, &mut refs);
+            tokens = pick_rows_masked(logits, &mut refs, &masks);
         }
         let mut at = 0;
         batch

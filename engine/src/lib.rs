@@ -15,6 +15,7 @@ mod backend;
 pub use backend::{CpuBackend, DeviceMemory, DeviceMemoryInfo, EngineBackend};
 pub mod device_counts;
 pub mod gguf;
+pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod prefix;

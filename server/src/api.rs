@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::response_format::ResponseFormat;
 
 /// `POST /v1/completions`.
 #[derive(Debug, Deserialize)]
@@ -92,6 +93,7 @@ pub struct GenerationParams {
     pub stream_options: Option<StreamOptions>,
     /// Fornax extension: the QoS class, 0 (interactive, served first) .. 3 (batch).
     pub priority: Option<i64>,
+    pub response_format: Option<ResponseFormat>,
 }
 
 impl Message {

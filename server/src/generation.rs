@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use fornax_engine::grammar::Grammar;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{FinishReason, RequestId};
 use fornax_engine::Request;
@@ -42,6 +43,8 @@ pub struct Job {
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// The grammar the output must match, compiled when the job starts.
+    pub grammar: Option<Grammar>,
 }
 
 impl Job {
@@ -53,6 +56,10 @@ impl Job {
         prompt: Vec<u32>,
         caller: Option<Caller>,
     ) -> Result<Self, ApiError> {
+        let grammar = match params.response_format {
+            Some(format) => format.grammar()?,
+            None => None,
+        };
         if params.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
         }
@@ -147,6 +154,7 @@ impl Job {
             stops: params.stop.map(|s| s.strings()).unwrap_or_default(),
             stream: params.stream,
             include_usage: params.stream_options.is_some_and(|o| o.include_usage),
+            grammar,
         })
     }
 }
@@ -181,6 +189,10 @@ pub struct Generation {
 impl Generation {
     /// Queues `job`; refused at once when the queue is full or the engine rejects it.
     pub async fn start(state: Arc<AppState>, job: Job, arrived: Instant) -> Result<Self, ApiError> {
+        let constraint = match job.grammar {
+            Some(g) => Some(crate::response_format::compile(state.grammars.clone(), g).await?),
+            None => None,
+        };
         let slot = state.queue.enter().ok_or_else(|| {
             ApiError::overloaded(format!(
                 "the server is at its queue limit of {} waiting requests; retry later",
@@ -196,6 +208,7 @@ impl Generation {
             qos: job.qos,
             sampling: job.sampling,
             stop_ids: state.stop_ids.clone(),
+            constraint,
         };
         state
             .commands
@@ -268,6 +281,9 @@ impl Generation {
                     let reason = match reason {
                         FinishReason::Length => "length",
                         FinishReason::Stop | FinishReason::Cancelled => "stop",
+                        FinishReason::GrammarFailed => {
+                            return self.fail("constrained decoding failed to match".into())
+                        }
                     };
                     return self.end(reason, rest);
                 }

@@ -13,6 +13,7 @@ mod handlers;
 pub use handlers::unix_now;
 pub mod keys;
 pub mod limits;
+pub mod response_format;
 pub mod telemetry;
 pub mod text;
 mod unsupported;
@@ -29,6 +30,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
+use fornax_engine::grammar::GrammarCompiler;
 use fornax_engine::tokenizer::Tokenizer;
 use metrics::counter;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -82,6 +84,8 @@ pub struct AppState {
     pub engine_alive: Arc<AtomicBool>,
     /// API keys and their use.
     pub access: Access,
+    /// Compiles `response_format` grammars for the model's vocabulary.
+    pub grammars: Arc<GrammarCompiler>,
 }
 
 impl AppState {

@@ -1,7 +1,7 @@
-//! OpenAI request fields this server does not honour yet (structured outputs, tools,
-//! log-probabilities, penalties): a request that asks for one is refused with a 400 naming
+//! OpenAI request fields this server does not honour yet (tools, log-probabilities,
+//! penalties): a request that asks for one is refused with a 400 naming
 //! it, never answered as if it had not asked. A field sent with the value that asks for
-//! nothing (`response_format: {"type": "text"}`, `tools: []`, `logprobs: false`,
+//! nothing (`tools: []`, `logprobs: false`,
 //! `presence_penalty: 0`, ...) passes, as clients and SDKs often send those defaults.
 
 use serde_json::Value;
@@ -11,8 +11,7 @@ use crate::error::ApiError;
 /// The fields checked, in the order an error names them (`suffix`: completions only),
 /// each with the value of it that asks for nothing, as JSON text (`null` always does;
 /// numbers compare as numbers, so `0` stands for `0.0` too).
-const FIELDS: [(&str, &str); 15] = [
-    ("response_format", r#"{"type": "text"}"#),
+const FIELDS: [(&str, &str); 14] = [
     ("tools", "[]"),
     ("tool_choice", r#""none""#),
     ("functions", "[]"),
@@ -67,11 +66,6 @@ mod tests {
     #[test]
     fn requests_for_a_field_are_refused_by_name_and_defaults_pass() {
         let asking = [
-            ("response_format", json!({"type": "json_object"})),
-            (
-                "response_format",
-                json!({"type": "json_schema", "json_schema": {}}),
-            ),
             (
                 "tools",
                 json!([{"type": "function", "function": {"name": "f"}}]),

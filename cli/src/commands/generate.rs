@@ -1,11 +1,14 @@
 //! `fornax generate`: stream a completion (or a chat reply) to stdout.
 
 use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
+use fornax_engine::grammar::{Constraint, Grammar, GrammarCompiler};
 use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
@@ -52,6 +55,15 @@ pub struct GenerateArgs {
     /// Print only one JSON object at the end: prompt ids, generated ids and text.
     #[arg(long)]
     pub json: bool,
+    /// The output must be JSON valid for the JSON schema in this file.
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    pub json_schema: Option<PathBuf>,
+    /// The output must match this regular expression.
+    #[arg(long, value_name = "REGEX", group = "constraint")]
+    pub regex: Option<String>,
+    /// The output must match the Lark grammar in this file (llguidance's dialect).
+    #[arg(long, value_name = "FILE", group = "constraint")]
+    pub grammar: Option<PathBuf>,
     #[command(flatten)]
     pub kv: KvArgs,
     #[command(flatten)]
@@ -87,6 +99,22 @@ impl GenerateArgs {
         Ok(ids)
     }
 
+    /// The grammar asked for, read from its file.
+    fn grammar(&self) -> Result<Option<Grammar>> {
+        let read = |path: &PathBuf| {
+            std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+        };
+        Ok(if let Some(path) = &self.json_schema {
+            let schema = serde_json::from_str(&read(path)?)
+                .with_context(|| format!("{} is not JSON", path.display()))?;
+            Some(Grammar::JsonSchema(schema))
+        } else if let Some(path) = &self.grammar {
+            Some(Grammar::Lark(read(path)?))
+        } else {
+            self.regex.clone().map(Grammar::Regex)
+        })
+    }
+
     fn params(&self, tok: &Tokenizer) -> GenerateParams {
         let stop_ids = match self.ignore_eos {
             true => Vec::new(),
@@ -107,15 +135,16 @@ impl GenerateArgs {
 }
 
 impl Generate<'_> {
-    /// Generates through the engine with speculative decoding (one request); returns the
-    /// tokens and a line of its figures.
-    fn speculate<B: EngineBackend>(
+    /// Generates through the engine (one request), with speculative decoding or under
+    /// `constraint`; returns the tokens and, with speculation, a line of its figures.
+    fn through_engine<B: EngineBackend>(
         &self,
         model: &Model<B>,
         prompt: Vec<u32>,
         params: &GenerateParams,
+        constraint: Option<Constraint>,
         mut on_token: impl FnMut(u32) -> bool,
-    ) -> Result<(Vec<u32>, String)> {
+    ) -> Result<(Vec<u32>, Option<String>)> {
         let capacity = self
             .args
             .kv
@@ -136,6 +165,7 @@ impl Generate<'_> {
             qos: 0,
             sampling: params.sampling.clone(),
             stop_ids: params.stop_ids.clone(),
+            constraint,
         })?;
         let mut ids = Vec::new();
         while !engine.is_idle() {
@@ -150,14 +180,14 @@ impl Generate<'_> {
             }
         }
         let s = engine.spec_stats;
-        let summary = format!(
+        let summary = self.args.spec.spec.is_some().then(|| format!(
             "speculative decoding: {} tokens in {} forward passes; {} drafted, {} accepted ({:.0}%)",
             ids.len(),
             engine.steps,
             s.proposed,
             s.accepted,
             100.0 * s.acceptance_rate()
-        );
+        ));
         Ok((ids, summary))
     }
 }
@@ -170,6 +200,13 @@ impl BackendTask for Generate<'_> {
         device: B::Device,
         _info: DeviceInfo,
     ) -> Result<()> {
+        let constraint = match self.args.grammar()? {
+            Some(grammar) => {
+                let compiler = GrammarCompiler::new(Arc::new(tokenizer(self.gguf)?))?;
+                Some(compiler.compile(&grammar)?)
+            }
+            None => None,
+        };
         let model = load_model::<B>(self.gguf, &device, self.args.model.load_options())?;
         let prompt = self.args.prompt_ids(self.tok)?;
         let params = self.args.params(self.tok);
@@ -187,9 +224,10 @@ impl BackendTask for Generate<'_> {
             true
         };
         let mut summary = None;
-        let ids = if self.args.spec.spec.is_some() {
-            let (ids, line) = self.speculate(&model, prompt.clone(), &params, on_token)?;
-            summary = Some(line);
+        let ids = if self.args.spec.spec.is_some() || constraint.is_some() {
+            let (ids, line) =
+                self.through_engine(&model, prompt.clone(), &params, constraint, on_token)?;
+            summary = line;
             ids
         } else if self.args.kv.contiguous_kv {
             generate_in(&model, &mut model.new_cache(), &prompt, &params, on_token)?
@@ -222,6 +260,12 @@ impl BackendTask for Generate<'_> {
 pub fn run(args: GenerateArgs) -> Result<()> {
     if args.spec.spec.is_some() && args.kv.contiguous_kv {
         anyhow::bail!("--spec needs the paged KV cache (drop --contiguous-kv)");
+    }
+    let constrained = args.json_schema.is_some() || args.regex.is_some() || args.grammar.is_some();
+    if constrained && args.kv.contiguous_kv {
+        anyhow::bail!(
+            "--json-schema, --regex and --grammar need the paged KV cache (drop --contiguous-kv)"
+        );
     }
     let file = args.model.open()?;
     let gguf = parse(&file)?;

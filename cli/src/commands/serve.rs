@@ -11,6 +11,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
+use fornax_engine::grammar::GrammarCompiler;
 use fornax_engine::tokenizer::Tokenizer;
 use fornax_engine::EngineBackend;
 use fornax_server::access::Access;
@@ -100,6 +101,10 @@ impl BackendTask for Serve<'_> {
         let mut engine = a.sched.engine(&model, kv);
         let context = model.config.max_seq_len;
         let stop_ids = self.tokenizer.stop_ids();
+        let grammars = Arc::new(
+            GrammarCompiler::new(self.tokenizer.clone())
+                .context("cannot index the vocabulary for constrained decoding")?,
+        );
 
         let (commands, inbox) = channel();
         let engine_alive = Arc::new(AtomicBool::new(true));
@@ -121,6 +126,7 @@ impl BackendTask for Serve<'_> {
             next_id: AtomicU64::new(0),
             engine_alive: engine_alive.clone(),
             access: self.access,
+            grammars,
         });
         let server_config = ServerConfig {
             max_body_bytes: a.max_body_bytes,

@@ -314,3 +314,73 @@ fn models_lists_aliases_and_unknown_ones_are_named() {
         assert!(err.contains("smollm2-135m, gemma3-270m"), "{args:?}: {err}");
     }
 }
+
+/// `generate --json-schema` prints JSON valid for the schema (sampled), `--regex` a match;
+/// a schema that cannot compile and a missing file are one clear error each.
+#[test]
+fn generate_under_a_schema_or_a_regex() {
+    let model = model();
+    let dir = std::env::temp_dir().join(format!("fornax-schema-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let schema = dir.join("person.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+            "required": ["name", "age"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--chat", "--backend", "cpu", "--model", &model];
+        args.extend_from_slice(extra);
+        fornax(&args)
+    };
+    let schema_arg = schema.to_string_lossy().into_owned();
+    let out = json_out(&run(&[
+        "Describe a person.",
+        "--json-schema",
+        &schema_arg,
+        "--temperature",
+        "0.7",
+        "--seed",
+        "3",
+        "--json",
+    ]));
+    let text = out["text"].as_str().unwrap().trim_end_matches("<|im_end|>");
+    let person: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let fields: Vec<&String> = person.as_object().unwrap().keys().collect();
+    assert_eq!(fields, ["name", "age"], "{text}");
+    assert!(person["age"].as_u64().is_some_and(|a| a <= 120), "{text}");
+    assert!(
+        person["name"]
+            .as_str()
+            .is_some_and(|n| n.chars().count() <= 30),
+        "{text}"
+    );
+
+    let out = json_out(&run(&[
+        "A phone number:",
+        "--regex",
+        "[0-9]{3}-[0-9]{4}",
+        "--json",
+    ]));
+    let text = out["text"].as_str().unwrap().trim_end_matches("<|im_end|>");
+    let b = text.as_bytes();
+    assert!(b.len() == 8 && b[3] == b'-', "{text}");
+
+    std::fs::write(&schema, r#"{"type": "objekt"}"#).unwrap();
+    let bad = run(&["hi", "--json-schema", &schema_arg]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("does not compile"),
+        "{err}"
+    );
+    let missing = run(&["hi", "--json-schema", "/nonexistent/schema.json"]);
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        !missing.status.success() && err.contains("cannot read"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -367,30 +367,36 @@ fn reference() -> (Expected, Expected) {
     (completion, chat)
 }
 
-/// Runs `tests/openai_client.py` (the official client: a chat completion and a streamed
-/// completion) against `server`, with `key` as its `api_key` when given.
-/// scripts/test.sh installs the package under FORNAX_PYTHONPATH.
-pub(crate) fn openai_client(server: &Server, key: Option<&str>) -> Value {
+/// Runs the Python script `tests/{script}` against `server` with `args` after the
+/// server's URL and the model name; returns what it printed, as JSON. scripts/test.sh
+/// installs its packages (`openai`, `jsonschema`) under FORNAX_PYTHONPATH.
+fn python_client(script: &str, server: &Server, args: &[&str]) -> Value {
+    let path = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("python3")
         .env(
             "PYTHONPATH",
             std::env::var("FORNAX_PYTHONPATH").unwrap_or_default(),
         )
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/openai_client.py"
-        ))
+        .arg(path)
         .args([server.url(""), MODEL.to_string()])
-        .args([CHAT_PROMPT, COMPLETION_PROMPT, &MAX_TOKENS.to_string()])
-        .args(key)
+        .args(args)
         .output()
         .expect("run python");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "openai client failed (scripts/test.sh installs the `openai` package and sets FORNAX_PYTHONPATH):\n{stderr}"
+        "{script} failed (scripts/test.sh installs its packages and sets FORNAX_PYTHONPATH):\n{stderr}"
     );
     serde_json::from_slice(&out.stdout).expect("client output")
+}
+
+/// Runs `tests/openai_client.py` (the official client: a chat completion and a streamed
+/// completion) against `server`, with `key` as its `api_key` when given.
+pub(crate) fn openai_client(server: &Server, key: Option<&str>) -> Value {
+    let max_tokens = MAX_TOKENS.to_string();
+    let mut args = vec![CHAT_PROMPT, COMPLETION_PROMPT, &max_tokens];
+    args.extend(key);
+    python_client("openai_client.py", server, &args)
 }
 
 pub(crate) fn streamed_text(chunks: &[Value], chat: bool) -> (String, String, u64) {
@@ -735,14 +741,23 @@ fn bad_input_gets_openai_errors_and_the_server_stays_healthy() {
             "outside the vocabulary",
         ),
         (
-            "a JSON schema the server would ignore",
+            "a JSON schema that does not compile",
             "/v1/chat/completions",
             json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                   "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}})
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}})
                 .to_string()
                 .into_bytes(),
             400,
-            "`response_format` is not supported",
+            "does not compile: Invalid type: objekt",
+        ),
+        (
+            "a response format that does not exist",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "response_format": {"type": "yaml"}})
+                .to_string()
+                .into_bytes(),
+            400,
+            "response_format.type: unknown variant `yaml`",
         ),
         (
             "log-probabilities the server would not return",
@@ -923,4 +938,21 @@ fn connections_beyond_the_limit_wait_until_one_closes() {
         .recv_timeout(Duration::from_secs(60))
         .expect("served once the slot freed");
     assert_eq!(status, Some(200));
+}
+
+/// `response_format` through the official client (`tests/structured_client.py`): a JSON
+/// schema on the chat route, streamed and not, and JSON mode on completions, sampled at
+/// temperature 0.7; every output parses and validates and ends with `stop`.
+#[test]
+fn response_formats_hold_through_the_openai_client() {
+    let server = Server::start(&[]);
+    let results = python_client("structured_client.py", &server, &[]);
+    let results = results.as_array().expect("a list");
+    assert_eq!(results.len(), 3);
+    for r in results {
+        eprintln!("{}: {}", r["name"], r["text"]);
+        assert_eq!(r["error"], Value::Null, "{r}");
+        assert_eq!(r["finish_reason"], "stop", "{r}");
+    }
+    server.assert_healthy();
 }

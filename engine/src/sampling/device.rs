@@ -12,6 +12,7 @@ use fornax_shaders::sampling::{FALLBACK, PARAMS, WINDOW};
 
 use super::{Draw, Sampler};
 use crate::device_counts::{read_back, read_back_async};
+use crate::grammar::Mask;
 use crate::{logits_to_vec, logits_to_vec_async};
 
 fn ids(data: TensorData) -> Vec<u32> {
@@ -180,6 +181,69 @@ pub fn pick_rows<B: SamplingOps>(logits: Tensor<B, 2>, samplers: &mut [&mut Samp
             }
             tokens
         }
+    }
+}
+
+/// [`pick_rows`] with row `i` restricted to the tokens `masks[i]` allows, if any: the
+/// masked rows' logits are read back, masked and chosen from on the host; the other rows
+/// are picked as [`pick_rows`] picks them.
+pub fn pick_rows_masked<B: SamplingOps>(
+    logits: Tensor<B, 2>,
+    samplers: &mut [&mut Sampler],
+    masks: &[Option<Mask>],
+) -> Vec<u32> {
+    let masked: Vec<usize> = (0..samplers.len())
+        .filter(|&i| masks.get(i).is_some_and(Option::is_some))
+        .collect();
+    if masked.is_empty() {
+        return pick_rows(logits, samplers);
+    }
+    let device = logits.device();
+    let select = |rows: &[usize]| {
+        let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
+        let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [rows.len()]), &device);
+        logits.clone().select(0, idx)
+    };
+    let mut tokens = vec![0; samplers.len()];
+    let (free_refs, masked_refs): (Vec<_>, Vec<_>) = samplers
+        .iter_mut()
+        .enumerate()
+        .partition(|(i, _)| !masked.contains(i));
+    let free: Vec<usize> = free_refs.iter().map(|(i, _)| *i).collect();
+    let mut free_refs: Vec<&mut Sampler> = free_refs.into_iter().map(|(_, s)| &mut **s).collect();
+    let mut masked_refs: Vec<&mut Sampler> =
+        masked_refs.into_iter().map(|(_, s)| &mut **s).collect();
+    let masked_logits = match free.is_empty() {
+        true => logits.clone(),
+        false => select(&masked),
+    };
+    if !free.is_empty() {
+        for (&r, t) in free.iter().zip(pick_rows(select(&free), &mut free_refs)) {
+            tokens[r] = t;
+        }
+    }
+    choose_masked(&mut tokens, &masked, masked_logits, &mut masked_refs, masks);
+    tokens
+}
+
+/// Chooses `tokens[r]` for each masked row `r` of `rows` from `logits` (those rows, in
+/// order), each masked by `masks[r]`, drawn by `samplers` (one per row of `rows`).
+fn choose_masked<B: Backend>(
+    tokens: &mut [u32],
+    rows: &[usize],
+    logits: Tensor<B, 2>,
+    samplers: &mut [&mut Sampler],
+    masks: &[Option<Mask>],
+) {
+    let mut values = logits_to_vec(logits);
+    let vocab = values.len() / rows.len();
+    let draws: Vec<Draw> = samplers.iter_mut().map(|s| s.draw()).collect();
+    for (k, &r) in rows.iter().enumerate() {
+        let row = &mut values[k * vocab..(k + 1) * vocab];
+        if let Some(mask) = &masks[r] {
+            mask.apply(row);
+        }
+        tokens[r] = samplers[k].choose(row, draws[k].u);
     }
 }
 

@@ -3,7 +3,9 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod device;
-pub use device::{argmax_rows, argmax_rows_async, pick_rows, pick_rows_async, SamplingOps};
+pub use device::{
+    argmax_rows, argmax_rows_async, pick_rows, pick_rows_async, pick_rows_masked, SamplingOps,
+};
 
 /// Sampling settings. `temperature == 0` means greedy.
 #[derive(Debug, Clone, PartialEq)]

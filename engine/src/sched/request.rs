@@ -15,6 +15,8 @@ pub enum FinishReason {
     Stop,
     /// It was cancelled.
     Cancelled,
+    /// Its grammar failed to match (an error for the client, not an answer).
+    GrammarFailed,
 }
 
 /// Why a request was refused at submission.

@@ -377,6 +377,7 @@ pub fn serve_waves<B: EngineBackend>(
                 qos: 0,
                 sampling: SamplingParams::greedy(),
                 stop_ids: vec![],
+                constraint: None,
             };
             ids.insert(engine.submit(request).unwrap(), i);
         }

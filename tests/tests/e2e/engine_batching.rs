@@ -74,6 +74,7 @@ impl BackendTask for Batching {
                     qos: (i % 4) as u8,
                     sampling: SamplingParams::greedy(),
                     stop_ids: vec![],
+                    constraint: None,
                 })
                 .unwrap();
             ids.insert(id, i);
@@ -230,6 +231,7 @@ impl BackendTask for Threaded {
             qos: 0,
             sampling: SamplingParams::greedy(),
             stop_ids: vec![],
+            constraint: None,
         };
         let want: Vec<Vec<u32>> = (0..2)
             .map(|i| {
@@ -430,6 +432,7 @@ impl BackendTask for Window {
                     qos: 0,
                     sampling: SamplingParams::greedy(),
                     stop_ids: vec![],
+                    constraint: None,
                 };
                 ids.insert(engine.submit(request).unwrap(), i);
             }

@@ -96,6 +96,7 @@ impl BackendTask for Pressure {
             },
             sampling: SamplingParams::greedy(),
             stop_ids: vec![],
+            constraint: None,
         };
         let mut ids: HashMap<RequestId, usize> = HashMap::new();
         let first = if staggered { 1 } else { prompts.len() };

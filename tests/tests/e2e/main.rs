@@ -22,5 +22,6 @@ mod quant_kernels;
 mod reference_cpu;
 mod reference_wgpu;
 mod speculative;
+mod structured;
 mod tiny_model;
 mod tokenizer;

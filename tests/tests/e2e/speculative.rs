@@ -67,6 +67,7 @@ fn serve<B: EngineBackend>(
             qos: 0,
             sampling: sampling(i),
             stop_ids: vec![],
+            constraint: None,
         };
         ids.insert(engine.submit(request).unwrap(), i);
     }
