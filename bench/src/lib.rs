@@ -6,6 +6,7 @@ mod load;
 mod prefix;
 mod single;
 mod spec;
+mod structured;
 mod table;
 mod window;
 
@@ -28,6 +29,9 @@ pub enum BenchCommand {
     /// Speculative decoding off, with n-gram drafts and with the self-draft, on repetitive
     /// and free text.
     Spec(spec::SpecBenchArgs),
+    /// Constrained decoding: time per output token with and without a JSON schema, and
+    /// the token mask's time per step.
+    Structured(structured::StructuredArgs),
     /// The seed's A/B table: before, after and llama.cpp on one customer-service workload,
     /// with SVG plots (latency CDF, throughput against offered load).
     Table(table::TableArgs),
@@ -43,6 +47,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Load(args) => load::run(args),
         BenchCommand::Prefix(args) => prefix::run(args),
         BenchCommand::Spec(args) => spec::run(args),
+        BenchCommand::Structured(args) => structured::run(args),
         BenchCommand::Table(args) => table::run(args),
         BenchCommand::Window(args) => window::run(args),
     }
