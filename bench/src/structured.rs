@@ -19,6 +19,7 @@ use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
 use fornax_engine::{Engine, EngineBackend, Event, Request};
 
+use crate::load::percentile;
 use crate::median;
 use fornax_options::{load_model, parse, tokenizer, ModelArgs};
 
@@ -118,12 +119,6 @@ impl Structured<'_> {
     }
 }
 
-/// The `q` quantile of `v` (not empty).
-fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
-
 impl BackendTask for Structured<'_> {
     type Output = Result<()>;
 
@@ -174,8 +169,8 @@ impl BackendTask for Structured<'_> {
         let feeds: Vec<f64> = feeds.iter().map(|d| d.as_secs_f64() * 1e6).collect();
         println!(
             "feeding a token back: median {:.0} µs, P99 {:.0} µs",
-            quantile(feeds.clone(), 0.5),
-            quantile(feeds, 0.99)
+            percentile(&feeds, 0.5),
+            percentile(&feeds, 0.99)
         );
         let us: Vec<f64> = masks
             .iter()
@@ -184,8 +179,8 @@ impl BackendTask for Structured<'_> {
         println!(
             "mask per step over {} steps: median {:.0} µs, P99 {:.0} µs",
             us.len(),
-            quantile(us.clone(), 0.5),
-            quantile(us, 0.99)
+            percentile(&us, 0.5),
+            percentile(&us, 0.99)
         );
         Ok(())
     }

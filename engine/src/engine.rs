@@ -3,12 +3,12 @@
 
 use std::collections::HashMap;
 
-use burn_tensor::{Int, Tensor, TensorData};
+use burn_tensor::Tensor;
 
 use crate::grammar::{Constraint, Mask};
 use crate::kv::{BlockValues, KvStats, PagedKv, BLOCK_TOKENS};
 use crate::model::{Logits, Model, ModelError, SeqTokens};
-use crate::sampling::{pick_rows_masked, Sampler, SamplingParams};
+use crate::sampling::{pick_rows_masked, select_rows, Sampler, SamplingParams};
 use crate::sched::{
     FinishReason, PolicyKind, RequestId, Scheduled, Scheduler, SchedulerConfig, SubmitError,
 };
@@ -353,33 +353,27 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         let mut rows = Vec::new();
         let mut samplers = Vec::new();
         let mut masks: Vec<Option<Mask>> = Vec::new();
-        let mut row = 0i64;
+        let mut row = 0;
         for s in batch {
             let n = 1 + s.drafted;
             if s.samples {
-                rows.extend(row..row + n as i64);
+                rows.extend(row..row + n);
                 let d = self.decoding.get_mut(&s.id).expect("in flight");
                 samplers.extend(sampler_chain(&d.sampler, n));
                 // Constrained requests have no drafts: one row, one mask. A mask that
                 // fails leaves the row free; consuming the token then fails the request.
-                let mask = d.constraint.as_mut().map(|c| c.mask());
-                masks.extend((0..n).map(|_| mask.clone().and_then(|m| m.ok())));
+                let mask = d.constraint.as_mut().and_then(|c| c.mask().ok());
+                masks.extend(std::iter::repeat_n(mask, n));
             }
-            row += n as i64;
+            row += n;
         }
         let mut tokens = Vec::new();
         if !rows.is_empty() {
             let mut refs: Vec<&mut Sampler> = samplers.iter_mut().collect();
             // Every row samples (the usual case): no copy of the rows picked.
-            let logits = if rows.len() as i64 == row {
-                logits
-            } else {
-                let n = rows.len();
-                let idx = Tensor::<B, 1, Int>::from_data(
-                    TensorData::new(rows, [n]),
-                    &self.model.device(),
-                );
-                logits.select(0, idx)
+            let logits = match rows.len() == row {
+                true => logits,
+                false => select_rows(logits, &rows),
             };
             tokens = pick_rows_masked(logits, &mut refs, &masks);
         }

@@ -189,16 +189,17 @@ pub struct Generation {
 impl Generation {
     /// Queues `job`; refused at once when the queue is full or the engine rejects it.
     pub async fn start(state: Arc<AppState>, job: Job, arrived: Instant) -> Result<Self, ApiError> {
-        let constraint = match job.grammar {
-            Some(g) => Some(crate::response_format::compile(state.grammars.clone(), g).await?),
-            None => None,
-        };
         let slot = state.queue.enter().ok_or_else(|| {
             ApiError::overloaded(format!(
                 "the server is at its queue limit of {} waiting requests; retry later",
                 state.queue.limit()
             ))
         })?;
+        // Compiled in its queue place: a full queue refuses at once, without compiling.
+        let constraint = match job.grammar {
+            Some(g) => Some(crate::response_format::compile(state.grammars.clone(), g).await?),
+            None => None,
+        };
         let (updates_tx, mut updates) = unbounded_channel();
         let prompt_tokens = job.prompt.len();
         let caller = job.caller;

@@ -75,7 +75,7 @@ pub struct GenerateArgs {
 struct Generate<'a> {
     args: &'a GenerateArgs,
     gguf: &'a GgufFile<'a>,
-    tok: &'a Tokenizer,
+    tok: &'a Arc<Tokenizer>,
 }
 
 impl GenerateArgs {
@@ -202,7 +202,7 @@ impl BackendTask for Generate<'_> {
     ) -> Result<()> {
         let constraint = match self.args.grammar()? {
             Some(grammar) => {
-                let compiler = GrammarCompiler::new(Arc::new(tokenizer(self.gguf)?))?;
+                let compiler = GrammarCompiler::new(self.tok.clone())?;
                 Some(compiler.compile(&grammar)?)
             }
             None => None,
@@ -269,7 +269,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let file = args.model.open()?;
     let gguf = parse(&file)?;
-    let tok = tokenizer(&gguf)?;
+    let tok = Arc::new(tokenizer(&gguf)?);
     args.model.run_on(Generate {
         args: &args,
         gguf: &gguf,

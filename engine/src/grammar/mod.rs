@@ -219,9 +219,4 @@ impl Mask {
     pub fn allows(&self, token: u32) -> bool {
         self.0.is_allowed(token)
     }
-
-    /// How many tokens are allowed.
-    pub fn count(&self) -> usize {
-        self.0.num_set()
-    }
 }

@@ -60,6 +60,15 @@ struct Ghost {
     since: u64,
 }
 
+/// What the index holds under a block's key.
+enum Found {
+    Nothing,
+    /// Another prefix's block or ghost (a hash collision).
+    Other,
+    /// The block (`None`: its ghost) holding these tokens after this chain, and its node.
+    Here(Option<BlockId>, u64),
+}
+
 /// What a lookup found: full blocks in order (`None` for a ghost), then perhaps a block
 /// whose first tokens continue the prompt (to be copied before it is written:
 /// copy-on-write).
@@ -204,20 +213,14 @@ impl PrefixIndex {
             let block = &tokens[i..i + BLOCK_TOKENS];
             let chain = *chains.last().expect("the root at least");
             let key = (self.hasher)(chain.key, block);
-            let (b, node, parent, held) = match self.keys.get(&key) {
-                Some(&b) => {
-                    let n = &self.nodes[&b];
-                    (Some(b), n.node, n.parent, &n.tokens)
+            let (b, node) = match self.find(key, chain, block) {
+                Found::Here(b, node) => (b, node),
+                Found::Nothing => break,
+                Found::Other => {
+                    self.stats.collisions += 1;
+                    break;
                 }
-                None => match self.ghosts.get(&key) {
-                    Some(g) => (None, g.node, g.parent, &g.tokens),
-                    None => break,
-                },
             };
-            if parent != chain.node || **held != *block {
-                self.stats.collisions += 1;
-                break;
-            }
             full.push(b);
             chains.push(Chain { key, node });
         }
@@ -253,23 +256,18 @@ impl PrefixIndex {
     pub fn insert(&mut self, chain: Chain, block: BlockId, tokens: &[u32]) -> Option<Chain> {
         debug_assert_eq!(tokens.len(), BLOCK_TOKENS);
         let key = (self.hasher)(chain.key, tokens);
-        if let Some(b) = self.keys.get(&key) {
-            let n = &self.nodes[b];
-            return (n.parent == chain.node && *n.tokens == *tokens)
-                .then_some(Chain { key, node: n.node });
-        }
-        if let Some(g) = self.ghosts.get(&key) {
+        let node = match self.find(key, chain, tokens) {
+            Found::Other => return None,
+            Found::Here(Some(_), node) => return Some(Chain { key, node }),
             // Its data again: the ghost comes back to life under its own node, so the
             // walks through it still hold.
-            if g.parent != chain.node || *g.tokens != *tokens {
-                return None;
+            Found::Here(None, node) => {
+                let g = self.ghosts.remove(&key).expect("just found");
+                self.place(node, chain, block, g.tokens, Some(key));
+                node
             }
-            let g = self.ghosts.remove(&key).expect("just found");
-            let node = g.node;
-            self.revive(block, key, g, chain.key);
-            return Some(Chain { key, node });
-        }
-        let node = self.add(chain, block, tokens, Some(key));
+            Found::Nothing => self.add(chain, block, tokens, Some(key)),
+        };
         self.keys.insert(key, block);
         Some(Chain { key, node })
     }
@@ -283,17 +281,41 @@ impl PrefixIndex {
             return None;
         }
         let key = (self.hasher)(chain.key, tokens);
-        let known = match self.keys.get(&key) {
-            Some(b) => self.nodes.get(b).map(|n| (n.node, n.parent, &n.tokens)),
-            None => self.ghosts.get(&key).map(|g| (g.node, g.parent, &g.tokens)),
+        let node = match self.find(key, chain, tokens) {
+            Found::Other => return None,
+            Found::Here(_, node) => node,
+            Found::Nothing => {
+                let node = self.new_node();
+                self.add_ghost(key, node, chain.node, tokens.into());
+                node
+            }
         };
-        if let Some((node, parent, held)) = known {
-            return (parent == chain.node && **held == *tokens).then_some(Chain { key, node });
-        }
-        let node = self.next_node;
-        self.next_node += 1;
-        self.add_ghost(key, node, chain.node, tokens.into());
         Some(Chain { key, node })
+    }
+
+    /// What is under `key`, the key of `tokens` after `chain`: verified, it is theirs only
+    /// if it holds `tokens` and follows `chain`'s node.
+    fn find(&self, key: u64, chain: Chain, tokens: &[u32]) -> Found {
+        let (block, node, parent, held) = match self.keys.get(&key) {
+            Some(&b) => {
+                let n = &self.nodes[&b];
+                (Some(b), n.node, n.parent, &n.tokens)
+            }
+            None => match self.ghosts.get(&key) {
+                Some(g) => (None, g.node, g.parent, &g.tokens),
+                None => return Found::Nothing,
+            },
+        };
+        match parent == chain.node && **held == *tokens {
+            true => Found::Here(block, node),
+            false => Found::Other,
+        }
+    }
+
+    /// A new node id (never reused).
+    fn new_node(&mut self) -> u64 {
+        self.next_node += 1;
+        self.next_node - 1
     }
 
     /// Keeps a ghost of `node` (after `parent`, holding `tokens`) under `key`, forgetting
@@ -327,24 +349,6 @@ impl PrefixIndex {
         }
     }
 
-    /// Gives ghost `g`, found under `key` after the block keyed `parent_key`, the data of
-    /// `block`.
-    fn revive(&mut self, block: BlockId, key: u64, g: Ghost, parent_key: u64) {
-        self.nodes.insert(
-            block,
-            Node {
-                key: Some(key),
-                node: g.node,
-                parent: g.parent,
-                parent_key,
-                tokens: g.tokens,
-            },
-        );
-        self.children.entry(g.parent).or_default().push(block);
-        self.keys.insert(key, block);
-        self.stats.inserted += 1;
-    }
-
     /// Indexes a partly filled last `block` holding `tokens` after `chain`, unless a
     /// child there already holds them.
     pub fn insert_partial(&mut self, chain: Chain, block: BlockId, tokens: &[u32]) {
@@ -360,9 +364,22 @@ impl PrefixIndex {
         }
     }
 
+    /// Indexes `block` holding `tokens` after `chain` under a new node; returns it.
     fn add(&mut self, chain: Chain, block: BlockId, tokens: &[u32], key: Option<u64>) -> u64 {
-        let node = self.next_node;
-        self.next_node += 1;
+        let node = self.new_node();
+        self.place(node, chain, block, tokens.into(), key);
+        node
+    }
+
+    /// Indexes `block` as `node`, holding `tokens` after `chain`.
+    fn place(
+        &mut self,
+        node: u64,
+        chain: Chain,
+        block: BlockId,
+        tokens: Box<[u32]>,
+        key: Option<u64>,
+    ) {
         self.nodes.insert(
             block,
             Node {
@@ -370,12 +387,11 @@ impl PrefixIndex {
                 node,
                 parent: chain.node,
                 parent_key: chain.key,
-                tokens: tokens.into(),
+                tokens,
             },
         );
         self.children.entry(chain.node).or_default().push(block);
         self.stats.inserted += 1;
-        node
     }
 
     /// Each full block of `tokens` from the root, in order: its parent's key, its key and

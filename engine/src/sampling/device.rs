@@ -131,20 +131,18 @@ fn choose_all(values: &[f32], samplers: &[&mut Sampler], draws: &[Draw]) -> Vec<
         .collect()
 }
 
-/// Rows answered [`FALLBACK`], as an index tensor on `logits`' device.
-fn fallback_rows<B: Backend>(
-    tokens: &[u32],
-    device: &B::Device,
-) -> Option<(Vec<usize>, Tensor<B, 1, Int>)> {
-    let rows: Vec<usize> = (0..tokens.len())
+/// Rows answered [`FALLBACK`].
+fn fallback_rows(tokens: &[u32]) -> Vec<usize> {
+    (0..tokens.len())
         .filter(|&i| tokens[i] == FALLBACK)
-        .collect();
-    if rows.is_empty() {
-        return None;
-    }
+        .collect()
+}
+
+/// `rows` of `logits`, in order.
+pub(crate) fn select_rows<B: Backend>(logits: Tensor<B, 2>, rows: &[usize]) -> Tensor<B, 2> {
     let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
-    let t = Tensor::from_data(TensorData::new(idx, [rows.len()]), device);
-    Some((rows, t))
+    let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [rows.len()]), &logits.device());
+    logits.select(0, idx)
 }
 
 /// The host's choice for the fallback `rows` of `tokens`, whose logits are `values`.
@@ -175,8 +173,9 @@ pub fn pick_rows<B: SamplingOps>(logits: Tensor<B, 2>, samplers: &mut [&mut Samp
         Plan::Host(logits) => choose_all(&logits_to_vec(logits), samplers, &draws),
         Plan::Device(ids_t, logits) => {
             let mut tokens = ids(read_back(ids_t));
-            if let Some((rows, idx)) = fallback_rows::<B>(&tokens, &logits.device()) {
-                let values = logits_to_vec(logits.select(0, idx));
+            let rows = fallback_rows(&tokens);
+            if !rows.is_empty() {
+                let values = logits_to_vec(select_rows(logits, &rows));
                 fill(&mut tokens, &rows, &values, samplers, &draws);
             }
             tokens
@@ -185,66 +184,45 @@ pub fn pick_rows<B: SamplingOps>(logits: Tensor<B, 2>, samplers: &mut [&mut Samp
 }
 
 /// [`pick_rows`] with row `i` restricted to the tokens `masks[i]` allows, if any: the
-/// masked rows' logits are read back, masked and chosen from on the host; the other rows
-/// are picked as [`pick_rows`] picks them.
+/// masked rows' logits are read back, masked and sampled on the host; the other rows are
+/// picked as [`pick_rows`] picks them.
 pub fn pick_rows_masked<B: SamplingOps>(
     logits: Tensor<B, 2>,
     samplers: &mut [&mut Sampler],
     masks: &[Option<Mask>],
 ) -> Vec<u32> {
-    let masked: Vec<usize> = (0..samplers.len())
-        .filter(|&i| masks.get(i).is_some_and(Option::is_some))
-        .collect();
+    let mask = |i: usize| masks.get(i).and_then(Option::as_ref);
+    let (masked, free): (Vec<usize>, Vec<usize>) =
+        (0..samplers.len()).partition(|&i| mask(i).is_some());
     if masked.is_empty() {
         return pick_rows(logits, samplers);
     }
-    let device = logits.device();
-    let select = |rows: &[usize]| {
-        let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
-        let idx = Tensor::<B, 1, Int>::from_data(TensorData::new(idx, [rows.len()]), &device);
-        logits.clone().select(0, idx)
-    };
     let mut tokens = vec![0; samplers.len()];
-    let (free_refs, masked_refs): (Vec<_>, Vec<_>) = samplers
-        .iter_mut()
-        .enumerate()
-        .partition(|(i, _)| !masked.contains(i));
-    let free: Vec<usize> = free_refs.iter().map(|(i, _)| *i).collect();
-    let mut free_refs: Vec<&mut Sampler> = free_refs.into_iter().map(|(_, s)| &mut **s).collect();
-    let mut masked_refs: Vec<&mut Sampler> =
-        masked_refs.into_iter().map(|(_, s)| &mut **s).collect();
+    let (mut masked_samplers, mut free_samplers) = (Vec::new(), Vec::new());
+    for (i, s) in samplers.iter_mut().enumerate() {
+        match mask(i) {
+            Some(_) => masked_samplers.push(&mut **s),
+            None => free_samplers.push(&mut **s),
+        }
+    }
     let masked_logits = match free.is_empty() {
-        true => logits.clone(),
-        false => select(&masked),
+        true => logits,
+        false => {
+            let picked = pick_rows(select_rows(logits.clone(), &free), &mut free_samplers);
+            for (&r, t) in free.iter().zip(picked) {
+                tokens[r] = t;
+            }
+            select_rows(logits, &masked)
+        }
     };
-    if !free.is_empty() {
-        for (&r, t) in free.iter().zip(pick_rows(select(&free), &mut free_refs)) {
-            tokens[r] = t;
-        }
+    let mut values = logits_to_vec(masked_logits);
+    let vocab = values.len() / masked.len();
+    let rows = values.chunks_exact_mut(vocab);
+    for ((&r, row), s) in masked.iter().zip(rows).zip(masked_samplers) {
+        mask(r).expect("a masked row").apply(row);
+        tokens[r] = s.sample(row);
     }
-    choose_masked(&mut tokens, &masked, masked_logits, &mut masked_refs, masks);
     tokens
-}
-
-/// Chooses `tokens[r]` for each masked row `r` of `rows` from `logits` (those rows, in
-/// order), each masked by `masks[r]`, drawn by `samplers` (one per row of `rows`).
-fn choose_masked<B: Backend>(
-    tokens: &mut [u32],
-    rows: &[usize],
-    logits: Tensor<B, 2>,
-    samplers: &mut [&mut Sampler],
-    masks: &[Option<Mask>],
-) {
-    let mut values = logits_to_vec(logits);
-    let vocab = values.len() / rows.len();
-    let draws: Vec<Draw> = samplers.iter_mut().map(|s| s.draw()).collect();
-    for (k, &r) in rows.iter().enumerate() {
-        let row = &mut values[k * vocab..(k + 1) * vocab];
-        if let Some(mask) = &masks[r] {
-            mask.apply(row);
-        }
-        tokens[r] = samplers[k].choose(row, draws[k].u);
-    }
 }
 
 /// [`pick_rows`] without blocking the thread (in a browser).
@@ -258,8 +236,9 @@ pub async fn pick_rows_async<B: SamplingOps>(
         Plan::Host(logits) => choose_all(&logits_async(logits).await?, samplers, &draws),
         Plan::Device(ids_t, logits) => {
             let mut tokens = ids(read_back_async(ids_t).await?);
-            if let Some((rows, idx)) = fallback_rows::<B>(&tokens, &logits.device()) {
-                let values = logits_async(logits.select(0, idx)).await?;
+            let rows = fallback_rows(&tokens);
+            if !rows.is_empty() {
+                let values = logits_async(select_rows(logits, &rows)).await?;
                 fill(&mut tokens, &rows, &values, samplers, &draws);
             }
             tokens

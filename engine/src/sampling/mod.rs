@@ -3,6 +3,7 @@
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
 mod device;
+pub(crate) use device::select_rows;
 pub use device::{
     argmax_rows, argmax_rows_async, pick_rows, pick_rows_async, pick_rows_masked, SamplingOps,
 };
