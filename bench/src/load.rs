@@ -281,6 +281,7 @@ pub(super) fn serve_jobs<B: EngineBackend>(
                 sampling: SamplingParams::greedy(),
                 stop_ids: vec![],
                 constraint: None,
+                logprobs: None,
             };
             match engine.submit(req) {
                 Ok(id) => {
@@ -322,7 +323,7 @@ pub(super) fn serve_jobs<B: EngineBackend>(
             .max(engine.kv_stats().bytes_used(model.kv_dims()));
         for e in events {
             match e {
-                Event::Token { id, token } => {
+                Event::Token { id, token, .. } => {
                     let (j, received) = live.get_mut(&id).expect("live request");
                     *received += 1;
                     f.outputs[*j].push(token);

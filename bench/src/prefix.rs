@@ -160,6 +160,7 @@ impl PrefixBench<'_> {
             sampling: SamplingParams::greedy(),
             stop_ids: vec![],
             constraint: None,
+            logprobs: None,
         };
         // Warm-up: each system prompt once, outside the figures (a replica that has seen
         // nothing skips it).
@@ -233,7 +234,7 @@ impl PrefixBench<'_> {
             f.blocks.push(engine.kv_stats().blocks_used);
             for e in events {
                 match e {
-                    Event::Token { id, token } => {
+                    Event::Token { id, token, .. } => {
                         let conv = &mut convs[live[&id]];
                         f.generated += 1;
                         conv.reply.push(token);

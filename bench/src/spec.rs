@@ -211,6 +211,7 @@ impl SpecBench<'_> {
                         sampling: SamplingParams::greedy(),
                         stop_ids: self.tok.stop_ids(),
                         constraint: None,
+                        logprobs: None,
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
@@ -230,7 +231,7 @@ impl SpecBench<'_> {
                 let had = run.tokens.len();
                 run.tokens
                     .extend(events.into_iter().filter_map(|e| match e {
-                        Event::Token { id, token } if id == first => Some(token),
+                        Event::Token { id, token, .. } if id == first => Some(token),
                         _ => None,
                     }));
                 if had == 0 && !run.tokens.is_empty() {

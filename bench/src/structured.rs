@@ -103,13 +103,14 @@ impl Structured<'_> {
                 },
                 stop_ids: Vec::new(),
                 constraint,
+                logprobs: None,
             };
             ids.insert(engine.submit(request)?, i);
         }
         let mut out = vec![Vec::new(); n];
         while !engine.is_idle() {
             for event in engine.step()? {
-                if let Event::Token { id, token } = event {
+                if let Event::Token { id, token, .. } = event {
                     out[ids[&id]].push(token);
                 }
             }

@@ -72,12 +72,13 @@ fn main() -> anyhow::Result<()> {
             sampling: SamplingParams::greedy(),
             stop_ids: tokenizer.stop_ids(),
             constraint: None,
+            logprobs: None,
         })?;
         answers.push((id, message, Vec::new()));
     }
     while !engine.is_idle() {
         for event in engine.step()? {
-            if let Event::Token { id, token } = event {
+            if let Event::Token { id, token, .. } = event {
                 let answer = answers.iter_mut().find(|a| a.0 == id).expect("submitted");
                 answer.2.push(token);
             }

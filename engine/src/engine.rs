@@ -5,10 +5,12 @@ use std::collections::HashMap;
 
 use burn_tensor::Tensor;
 
-use crate::grammar::{Constraint, Mask};
+use crate::grammar::Constraint;
 use crate::kv::{BlockValues, KvStats, PagedKv, BLOCK_TOKENS};
 use crate::model::{Logits, Model, ModelError, SeqTokens};
-use crate::sampling::{pick_rows_masked, select_rows, Sampler, SamplingParams};
+use crate::sampling::{
+    pick_rows_hosted, select_rows, History, HostRow, Sampler, SamplingParams, TokenLogprobs,
+};
 use crate::sched::{
     FinishReason, PolicyKind, RequestId, Scheduled, Scheduler, SchedulerConfig, SubmitError,
 };
@@ -30,13 +32,20 @@ pub struct Request {
     /// The grammar the output must match (see [`crate::grammar`]): each step samples
     /// only tokens it allows, and the request ends when it is complete.
     pub constraint: Option<Constraint>,
+    /// `Some(n)`: report each token's log-probability and the `n` most likely tokens'
+    /// (at most [`crate::sampling::MAX_TOP_LOGPROBS`]).
+    pub logprobs: Option<usize>,
 }
 
 /// What a step produced for a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// A new token.
-    Token { id: RequestId, token: u32 },
+    /// A new token, with its log-probabilities where the request asked for them.
+    Token {
+        id: RequestId,
+        token: u32,
+        logprobs: Option<Box<TokenLogprobs>>,
+    },
     /// The request is done and its blocks are back in the pool.
     Finished { id: RequestId, reason: FinishReason },
 }
@@ -47,6 +56,16 @@ struct Decoding {
     stop_ids: Vec<u32>,
     acceptance: Acceptance,
     constraint: Option<Constraint>,
+    /// The tokens seen, for the sampler's penalties.
+    history: History,
+    logprobs: Option<usize>,
+}
+
+impl Decoding {
+    /// Whether its tokens are chosen on the host, one at a time (no drafts).
+    fn hosted(&self) -> bool {
+        self.constraint.is_some() || self.logprobs.is_some() || self.sampler.needs_host()
+    }
 }
 
 /// Speculative decoding as the engine runs it.
@@ -134,12 +153,17 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(SubmitError::BadToken { token: bad, vocab });
         }
+        let history = History::new(&request.prompt, &request.sampling.adjust);
         let id = self
             .sched
             .submit(request.prompt, request.max_tokens, request.qos, &self.kv)?;
         self.decoding.insert(
             id,
             Decoding {
+                history,
+                logprobs: request
+                    .logprobs
+                    .map(|n| n.min(crate::sampling::MAX_TOP_LOGPROBS)),
                 sampler: Sampler::new(request.sampling),
                 stop_ids: request.stop_ids,
                 acceptance: Acceptance::new(
@@ -189,9 +213,9 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 continue;
             }
             let decoding = self.decoding.get_mut(&r.id).expect("in flight");
-            // A constrained request decodes token by token: each needs the mask after
-            // the one before.
-            if !decoding.acceptance.wants_draft() || decoding.constraint.is_some() {
+            // A request chosen on the host decodes token by token: each token needs the
+            // mask (or penalties) after the one before.
+            if !decoding.acceptance.wants_draft() || decoding.hosted() {
                 continue;
             }
             // The pass's rows all see the tiers of its first row's length: a draft stops
@@ -282,6 +306,10 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
 
         let picks = self.pick(&plan.batch, logits);
         for (s, picks) in plan.batch.iter().zip(picks) {
+            let (picks, mut logprobs) = match picks {
+                Some((p, l)) => (Some(p), l),
+                None => (None, None),
+            };
             let verdict = picks.map(|p| verify(s.draft(), &p));
             let mut finished = None;
             if let Some(Verdict { tokens, accepted }) = &verdict {
@@ -289,6 +317,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 let stop = &d.stop_ids;
                 let (taken, reason) = self.sched.complete_verified(s, *accepted, tokens, stop);
                 finished = reason;
+                d.history.extend(&tokens[..taken]);
                 if let (Some(c), None) = (d.constraint.as_mut(), finished) {
                     finished = match c.consume(&tokens[..taken]) {
                         Err(e) => {
@@ -312,11 +341,12 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                     self.kv.truncate(s.seq, len)?;
                     self.kv.settle(s.seq)?;
                 }
-                events.extend(
-                    tokens[..taken]
-                        .iter()
-                        .map(|&token| Event::Token { id: s.id, token }),
-                );
+                // Hosted requests take one token a step: the logprobs are its.
+                events.extend(tokens[..taken].iter().map(|&token| Event::Token {
+                    id: s.id,
+                    token,
+                    logprobs: logprobs.take().map(Box::new),
+                }));
             } else {
                 self.sched.complete(s, None, &[]);
             }
@@ -348,26 +378,45 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
     /// The sampled tokens of each scheduled request that samples, one per logits row it
     /// has (`1 + drafted`, in batch order), each row drawn with the next draw of the
     /// request's generator; picked on the device where the backend can (one id read back
-    /// per row).
-    fn pick(&mut self, batch: &[Scheduled], logits: Tensor<B, 2>) -> Vec<Option<Vec<u32>>> {
+    /// per row), on the host for requests that need it ([`Decoding::hosted`]), with their
+    /// log-probabilities where asked.
+    #[allow(clippy::type_complexity)]
+    fn pick(
+        &mut self,
+        batch: &[Scheduled],
+        logits: Tensor<B, 2>,
+    ) -> Vec<Option<(Vec<u32>, Option<TokenLogprobs>)>> {
+        // The grammars' masks first (they advance the matchers' state), then the rows.
+        let mut masks = HashMap::new();
+        for s in batch.iter().filter(|s| s.samples) {
+            let d = self.decoding.get_mut(&s.id).expect("in flight");
+            // A mask that fails leaves the row free; consuming the token then fails the
+            // request.
+            if let Some(mask) = d.constraint.as_mut().and_then(|c| c.mask().ok()) {
+                masks.insert(s.id, mask);
+            }
+        }
         let mut rows = Vec::new();
         let mut samplers = Vec::new();
-        let mut masks: Vec<Option<Mask>> = Vec::new();
+        let mut hosted: Vec<Option<HostRow<'_>>> = Vec::new();
         let mut row = 0;
         for s in batch {
             let n = 1 + s.drafted;
             if s.samples {
                 rows.extend(row..row + n);
-                let d = self.decoding.get_mut(&s.id).expect("in flight");
+                let d = &self.decoding[&s.id];
                 samplers.extend(sampler_chain(&d.sampler, n));
-                // Constrained requests have no drafts: one row, one mask. A mask that
-                // fails leaves the row free; consuming the token then fails the request.
-                let mask = d.constraint.as_mut().and_then(|c| c.mask().ok());
-                masks.extend(std::iter::repeat_n(mask, n));
+                // Hosted requests have no drafts: one row.
+                let host = d.hosted().then(|| HostRow {
+                    mask: masks.remove(&s.id),
+                    history: Some(&d.history),
+                    logprobs: d.logprobs,
+                });
+                hosted.extend(std::iter::repeat_n(host, n));
             }
             row += n;
         }
-        let mut tokens = Vec::new();
+        let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
         if !rows.is_empty() {
             let mut refs: Vec<&mut Sampler> = samplers.iter_mut().collect();
             // Every row samples (the usual case): no copy of the rows picked.
@@ -375,7 +424,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 true => logits,
                 false => select_rows(logits, &rows),
             };
-            tokens = pick_rows_masked(logits, &mut refs, &masks);
+            (tokens, logprobs) = pick_rows_hosted(logits, &mut refs, &hosted);
         }
         let mut at = 0;
         batch
@@ -384,7 +433,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 s.samples.then(|| {
                     let n = 1 + s.drafted;
                     at += n;
-                    tokens[at - n..at].to_vec()
+                    (tokens[at - n..at].to_vec(), logprobs[at - 1].take())
                 })
             })
             .collect()

@@ -1,20 +1,25 @@
 //! The OpenAI request bodies this server accepts, parsed with errors that name the field.
 //! A body is read as a [`Body`] and then viewed twice: as the endpoint's own fields and as
-//! the [`GenerationParams`] both endpoints share. Fields that would change the answer but
-//! are not supported yet are refused (`unsupported.rs`); other unknown fields (`user`,
-//! `metadata`, ...) change nothing and are ignored.
+//! the [`GenerationParams`] both endpoints share. Fields that are not supported yet, and
+//! fields this server does not know, are refused by name (`unsupported.rs`).
+
+use std::collections::HashMap;
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::ApiError;
 use crate::response_format::ResponseFormat;
+pub use crate::unsupported::Endpoint;
 
 /// `POST /v1/completions`.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
     pub model: String,
     pub prompt: Prompt,
+    /// Repeat the prompt before the completion.
+    #[serde(default)]
+    pub echo: bool,
 }
 
 /// `POST /v1/chat/completions`.
@@ -68,6 +73,18 @@ pub enum Stop {
     Many(Vec<String>),
 }
 
+/// `logprobs`: a flag on chat (with `top_logprobs` for the alternatives), the number of
+/// alternatives on completions.
+#[derive(Debug, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "true, false or a number of alternatives (0 to 20)"
+)]
+pub enum Logprobs {
+    Flag(bool),
+    Top(usize),
+}
+
 /// `stream_options`.
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamOptions {
@@ -94,6 +111,16 @@ pub struct GenerationParams {
     /// Fornax extension: the QoS class, 0 (interactive, served first) .. 3 (batch).
     pub priority: Option<i64>,
     pub response_format: Option<ResponseFormat>,
+    /// Token ids that end the output (a vLLM extension), besides the model's own.
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub min_p: Option<f32>,
+    /// Token id (as text) to bias, -100 to 100.
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub logprobs: Option<Logprobs>,
+    pub top_logprobs: Option<usize>,
 }
 
 impl Message {
@@ -130,8 +157,9 @@ impl Stop {
 pub struct Body(serde_json::Value);
 
 impl Body {
-    /// Parses the bytes; anything but a JSON object is refused.
-    pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+    /// Parses the bytes for `endpoint`; anything but a JSON object is refused, and so is
+    /// a field the server does not honour.
+    pub fn parse(bytes: &[u8], endpoint: Endpoint) -> Result<Self, ApiError> {
         if let Err(e) = std::str::from_utf8(bytes) {
             return Err(ApiError::invalid(format!(
                 "the body is not valid UTF-8 (invalid byte at offset {})",
@@ -143,7 +171,7 @@ impl Body {
         if !value.is_object() {
             return Err(ApiError::invalid("the body must be a JSON object"));
         }
-        crate::unsupported::refuse_unsupported(&value)?;
+        crate::unsupported::refuse_unsupported(&value, endpoint)?;
         Ok(Self(value))
     }
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fornax_engine::kv::BlockValues;
+use fornax_engine::sampling::TokenLogprobs;
 use fornax_engine::sched::{FinishReason, RequestId, SubmitError};
 use fornax_engine::{Engine, EngineBackend, Event, Request};
 use tokio::sync::mpsc::UnboundedSender;
@@ -29,14 +30,14 @@ pub enum Command {
 }
 
 /// What the engine loop tells a request's client.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Update {
     /// Queued under this id.
     Accepted(RequestId),
     /// Refused at submission.
     Rejected(SubmitError),
-    /// A new token.
-    Token(u32),
+    /// A new token, with its log-probabilities where asked for.
+    Token(u32, Option<Box<TokenLogprobs>>),
     /// Done.
     Finished(FinishReason),
     /// The model failed; the request was dropped.
@@ -161,10 +162,14 @@ pub fn run_engine_with<B: EngineBackend>(
             Ok(events) => {
                 for event in events {
                     match event {
-                        Event::Token { id, token } => {
+                        Event::Token {
+                            id,
+                            token,
+                            logprobs,
+                        } => {
                             let gone = clients
                                 .get(&id)
-                                .is_none_or(|c| c.send(Update::Token(token)).is_err());
+                                .is_none_or(|c| c.send(Update::Token(token, logprobs)).is_err());
                             if gone {
                                 clients.remove(&id);
                                 engine.cancel(id);

@@ -1,5 +1,7 @@
 //! Errors as OpenAI-style JSON bodies: `{"error": {"message", "type", "param", "code"}}`.
 
+use std::borrow::Cow;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,7 +14,7 @@ pub struct ApiError {
     pub status: StatusCode,
     pub kind: &'static str,
     pub message: String,
-    pub param: Option<&'static str>,
+    pub param: Option<Cow<'static, str>>,
     pub code: Option<&'static str>,
 }
 
@@ -29,9 +31,9 @@ impl ApiError {
     }
 
     /// 400 naming the offending parameter.
-    pub fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
+    pub fn invalid_param(param: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         Self {
-            param: Some(param),
+            param: Some(param.into()),
             ..Self::invalid(message)
         }
     }
@@ -50,7 +52,7 @@ impl ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "invalid_request_error",
             message: format!("the model `{name}` does not exist; this server serves `{served}`"),
-            param: Some("model"),
+            param: Some("model".into()),
             code: Some("model_not_found"),
         }
     }

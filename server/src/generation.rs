@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fornax_engine::grammar::Grammar;
-use fornax_engine::sampling::SamplingParams;
+use fornax_engine::sampling::{SamplingParams, TokenLogprobs};
 use fornax_engine::sched::{FinishReason, RequestId};
 use fornax_engine::Request;
 use metrics::{counter, histogram};
@@ -40,6 +40,10 @@ pub struct Job {
     /// The key it came with (none when the server has no keys).
     pub caller: Option<Caller>,
     pub sampling: SamplingParams,
+    /// `Some(n)`: each token's log-probability with the `n` most likely tokens'.
+    pub logprobs: Option<usize>,
+    /// Token ids that end the output, besides the model's own.
+    pub stop_ids: Vec<u32>,
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -52,11 +56,11 @@ impl Job {
     /// caps the QoS class.
     pub fn new(
         state: &AppState,
-        params: GenerationParams,
+        mut params: GenerationParams,
         prompt: Vec<u32>,
         caller: Option<Caller>,
     ) -> Result<Self, ApiError> {
-        let grammar = match params.response_format {
+        let grammar = match params.response_format.take() {
             Some(format) => format.grammar()?,
             None => None,
         };
@@ -102,27 +106,16 @@ impl Job {
             }
             None => room.min(limits.max_output_tokens),
         };
-        let temperature = params.temperature.unwrap_or(1.0);
-        if !(0.0..=2.0).contains(&temperature) {
+        let (sampling, logprobs) =
+            crate::sampling::sampling(&params, state.tokenizer.vocab_size())?;
+        let vocab = state.tokenizer.vocab_size();
+        let stop_ids = params.stop_token_ids.unwrap_or_default();
+        if let Some(&bad) = stop_ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(ApiError::invalid_param(
-                "temperature",
-                "temperature must be between 0 and 2",
+                "stop_token_ids",
+                format!("{bad} is not a token id of this model (0 to {})", vocab - 1),
             ));
         }
-        let top_p = params.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::invalid_param("top_p", "top_p must be in (0, 1]"));
-        }
-        let top_k = match params.top_k.unwrap_or(0) {
-            -1 | 0 => 0,
-            k if k > 0 => k as usize,
-            _ => {
-                return Err(ApiError::invalid_param(
-                    "top_k",
-                    "top_k must be positive (0 or -1: no limit)",
-                ))
-            }
-        };
         let asked = match params.priority {
             None => DEFAULT_PRIORITY,
             Some(p @ 0..=LOWEST_PRIORITY) => p as u8,
@@ -145,12 +138,9 @@ impl Job {
             max_tokens,
             qos,
             caller,
-            sampling: SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                seed: params.seed.unwrap_or_else(rand::random),
-            },
+            sampling,
+            logprobs,
+            stop_ids,
             stops: params.stop.map(|s| s.strings()).unwrap_or_default(),
             stream: params.stream,
             include_usage: params.stream_options.is_some_and(|o| o.include_usage),
@@ -159,13 +149,28 @@ impl Job {
     }
 }
 
-/// What a generation produced next.
+/// A generated token with its log-probabilities.
+#[derive(Debug, Clone)]
+pub struct Logprob {
+    pub token: u32,
+    pub logprobs: Box<TokenLogprobs>,
+}
+
+/// What a generation produced next, with the log-probabilities of the tokens it covers
+/// (where asked for).
 #[derive(Debug)]
 pub enum Piece {
     /// More text.
-    Text(String),
+    Text {
+        text: String,
+        logprobs: Vec<Logprob>,
+    },
     /// The end: the last text and the OpenAI finish reason (`stop` or `length`).
-    Done { text: String, reason: &'static str },
+    Done {
+        text: String,
+        reason: &'static str,
+        logprobs: Vec<Logprob>,
+    },
     /// The engine failed.
     Failed(String),
 }
@@ -178,6 +183,10 @@ pub struct Generation {
     /// The queue place, held until the first token.
     slot: Option<QueueSlot>,
     text: StopText,
+    /// Log-probabilities of tokens whose text is not released yet.
+    logprobs: Vec<Logprob>,
+    /// Token ids that end the output (the model's and the request's).
+    stop_ids: Vec<u32>,
     arrived: Instant,
     last_token: Option<Instant>,
     prompt_tokens: usize,
@@ -203,13 +212,16 @@ impl Generation {
         let (updates_tx, mut updates) = unbounded_channel();
         let prompt_tokens = job.prompt.len();
         let caller = job.caller;
+        let mut stop_ids = state.stop_ids.clone();
+        stop_ids.extend(job.stop_ids);
         let request = Request {
             prompt: job.prompt,
             max_tokens: job.max_tokens,
             qos: job.qos,
             sampling: job.sampling,
-            stop_ids: state.stop_ids.clone(),
+            stop_ids: stop_ids.clone(),
             constraint,
+            logprobs: job.logprobs,
         };
         state
             .commands
@@ -234,6 +246,8 @@ impl Generation {
             updates,
             slot: Some(slot),
             text: StopText::new(job.stops),
+            logprobs: Vec::new(),
+            stop_ids,
             arrived,
             last_token: None,
             prompt_tokens,
@@ -263,10 +277,13 @@ impl Generation {
         }
         loop {
             match self.updates.recv().await {
-                Some(Update::Token(token)) => {
+                Some(Update::Token(token, logprobs)) => {
                     self.on_token();
-                    if self.state.stop_ids.contains(&token) {
+                    if self.stop_ids.contains(&token) {
                         continue; // the engine ends the request with this token
+                    }
+                    if let Some(logprobs) = logprobs {
+                        self.logprobs.push(Logprob { token, logprobs });
                     }
                     let delta = self.text.push(&self.state.tokenizer, token);
                     if self.text.stopped() {
@@ -274,7 +291,11 @@ impl Generation {
                         return self.end("stop", delta);
                     }
                     if !delta.is_empty() {
-                        return Piece::Text(delta);
+                        let logprobs = std::mem::take(&mut self.logprobs);
+                        return Piece::Text {
+                            text: delta,
+                            logprobs,
+                        };
                     }
                 }
                 Some(Update::Finished(reason)) => {
@@ -332,7 +353,12 @@ impl Generation {
             seconds = self.arrived.elapsed().as_secs_f64(),
             "generation finished"
         );
-        Piece::Done { text, reason }
+        let logprobs = std::mem::take(&mut self.logprobs);
+        Piece::Done {
+            text,
+            reason,
+            logprobs,
+        }
     }
 
     fn fail(&mut self, message: String) -> Piece {

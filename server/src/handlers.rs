@@ -13,34 +13,33 @@ use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fornax_engine::tokenizer::ChatMessage;
+use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
 use futures_util::stream::{self, Stream};
 use serde_json::{json, Value};
 
 use crate::access::Caller;
-use crate::api::{Body, ChatRequest, CompletionRequest, GenerationParams, Prompt};
+use crate::api::{Body, ChatRequest, CompletionRequest, Endpoint, GenerationParams, Prompt};
 use crate::error::ApiError;
-use crate::generation::{Generation, Job, Piece};
+use crate::generation::{Generation, Job, Logprob, Piece};
+use crate::logprobs;
 use crate::AppState;
 
-/// Which OpenAI endpoint a response is for; decides the response shapes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
-    Completions,
-    Chat,
-}
-
-/// The fields every response of one request repeats.
+/// The fields every response of one request repeats, and how its log-probabilities are
+/// shown.
 #[derive(Debug, Clone)]
 struct Envelope {
     endpoint: Endpoint,
     id: String,
     created: u64,
     model: String,
+    /// The vocabulary, where the request asked for log-probabilities.
+    logprobs: Option<Arc<Tokenizer>>,
+    /// Characters of the completion's text before the next token (`text_offset`).
+    offset: usize,
 }
 
 impl Envelope {
-    fn new(state: &AppState, endpoint: Endpoint) -> Self {
+    fn new(state: &AppState, endpoint: Endpoint, logprobs: bool) -> Self {
         let n = state.next_id.fetch_add(1, Ordering::Relaxed);
         let prefix = match endpoint {
             Endpoint::Completions => "cmpl",
@@ -51,32 +50,51 @@ impl Envelope {
             id: format!("{prefix}-{n}"),
             created: unix_now(),
             model: state.model.name.clone(),
+            logprobs: logprobs.then(|| state.tokenizer.clone()),
+            offset: 0,
+        }
+    }
+
+    /// The `logprobs` of a choice covering `entries` (`null` where not asked for).
+    fn logprobs(&mut self, entries: &[Logprob]) -> Value {
+        match (&self.logprobs, self.endpoint) {
+            (None, _) => Value::Null,
+            (Some(tok), Endpoint::Chat) => logprobs::chat(tok, entries),
+            (Some(tok), Endpoint::Completions) => {
+                logprobs::completion(tok, entries, &mut self.offset)
+            }
         }
     }
 
     /// A whole response (`stream: false`).
-    fn response(&self, text: &str, reason: &str, usage: Value) -> Value {
+    fn response(&mut self, text: &str, reason: &str, usage: Value, entries: &[Logprob]) -> Value {
+        let logprobs = self.logprobs(entries);
         let (object, choice) = match self.endpoint {
-            Endpoint::Completions => ("text_completion", text_choice(text, Some(reason))),
+            Endpoint::Completions => ("text_completion", text_choice(text, Some(reason), logprobs)),
             Endpoint::Chat => (
                 "chat.completion",
                 json!({"index": 0, "message": {"role": "assistant", "content": text},
-                       "logprobs": null, "finish_reason": reason}),
+                       "logprobs": logprobs, "finish_reason": reason}),
             ),
         };
         self.wrap(object, vec![choice], Some(usage))
     }
 
-    /// A streamed chunk with `text`, or with the finish reason at the end.
-    fn chunk(&self, text: &str, reason: Option<&str>) -> Value {
+    /// A streamed chunk with `text` (and its tokens' `entries`), or with the finish reason
+    /// at the end.
+    fn chunk(&mut self, text: &str, reason: Option<&str>, entries: &[Logprob]) -> Value {
+        let logprobs = match entries.is_empty() {
+            true => Value::Null,
+            false => self.logprobs(entries),
+        };
         let choice = match self.endpoint {
-            Endpoint::Completions => text_choice(text, reason),
+            Endpoint::Completions => text_choice(text, reason, logprobs),
             Endpoint::Chat => {
                 let delta = match reason {
                     Some(_) if text.is_empty() => json!({}),
                     _ => json!({"content": text}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
             }
         };
         self.wrap(self.chunk_object(), vec![choice], None)
@@ -115,8 +133,8 @@ impl Envelope {
 }
 
 /// A completion choice (whole or streamed).
-fn text_choice(text: &str, reason: Option<&str>) -> Value {
-    json!({"index": 0, "text": text, "logprobs": null, "finish_reason": reason})
+fn text_choice(text: &str, reason: Option<&str>, logprobs: Value) -> Value {
+    json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason})
 }
 
 /// Seconds since the Unix epoch (OpenAI's `created`).
@@ -145,13 +163,13 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let body = Body::parse(&body.map_err(body_error)?)?;
+    let body = Body::parse(&body.map_err(body_error)?, Endpoint::Completions)?;
     let req: CompletionRequest = body.view()?;
     let params: GenerationParams = body.view()?;
     state.check_model(&req.model)?;
     let tok = &state.tokenizer;
-    let prompt = match req.prompt {
-        Prompt::Text(text) => tok.encode_prompt(&text, true),
+    let prompt = match &req.prompt {
+        Prompt::Text(text) => tok.encode_prompt(text, true),
         Prompt::Texts(texts) if texts.len() == 1 => tok.encode_prompt(&texts[0], true),
         Prompt::Texts(_) => {
             return Err(ApiError::invalid_param(
@@ -159,11 +177,27 @@ pub async fn completions(
                 "send one prompt per request (lists of several prompts are not supported)",
             ))
         }
-        Prompt::Ids(ids) => Ok(ids),
+        Prompt::Ids(ids) => Ok(ids.clone()),
     }
     .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?;
+    let echo = match (req.echo, &req.prompt) {
+        (false, _) => None,
+        (true, Prompt::Text(text)) => Some(text.clone()),
+        (true, Prompt::Texts(texts)) => Some(texts[0].clone()),
+        (true, Prompt::Ids(ids)) => Some(
+            tok.decode(ids)
+                .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?,
+        ),
+    };
     let job = Job::new(&state, params, prompt, caller.map(|Extension(c)| c))?;
-    respond(state, job, Endpoint::Completions, arrived).await
+    if echo.is_some() && job.logprobs.is_some() {
+        return Err(ApiError::invalid_param(
+            "echo",
+            "echo with logprobs is not supported: the prompt's log-probabilities are not \
+             computed (send echo or logprobs, not both)",
+        ));
+    }
+    respond(state, job, Endpoint::Completions, arrived, echo).await
 }
 
 /// `POST /v1/chat/completions`: the messages rendered with the model's chat template.
@@ -173,7 +207,7 @@ pub async fn chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let arrived = Instant::now();
-    let body = Body::parse(&body.map_err(body_error)?)?;
+    let body = Body::parse(&body.map_err(body_error)?, Endpoint::Chat)?;
     let req: ChatRequest = body.view()?;
     let params: GenerationParams = body.view()?;
     state.check_model(&req.model)?;
@@ -193,33 +227,46 @@ pub async fn chat(
         .encode_chat(&messages)
         .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
     let job = Job::new(&state, params, prompt, caller.map(|Extension(c)| c))?;
-    respond(state, job, Endpoint::Chat, arrived).await
+    respond(state, job, Endpoint::Chat, arrived, None).await
 }
 
 /// The response header naming the QoS class a request ran at (its `priority`, capped at
 /// its key's class).
 pub const PRIORITY_HEADER: &str = "x-fornax-priority";
 
+/// Runs `job` and answers it, whole or streamed; `echo` (completions) comes before the
+/// generated text.
 async fn respond(
     state: Arc<AppState>,
     job: Job,
     endpoint: Endpoint,
     arrived: Instant,
+    echo: Option<String>,
 ) -> Result<Response, ApiError> {
     let (stream, include_usage) = (job.stream, job.include_usage);
     let class = [(PRIORITY_HEADER, job.qos.to_string())];
-    let envelope = Envelope::new(&state, endpoint);
+    let mut envelope = Envelope::new(&state, endpoint, job.logprobs.is_some());
     let mut generation = Generation::start(state, job, arrived).await?;
+    let mut text = echo.unwrap_or_default();
     if stream {
-        return Ok((class, Sse::new(events(generation, envelope, include_usage))).into_response());
+        let events = events(generation, envelope, include_usage, text);
+        return Ok((class, Sse::new(events)).into_response());
     }
-    let mut text = String::new();
+    let mut entries = Vec::new();
     loop {
         match generation.next().await {
-            Piece::Text(t) => text.push_str(&t),
-            Piece::Done { text: rest, reason } => {
+            Piece::Text { text: t, logprobs } => {
+                text.push_str(&t);
+                entries.extend(logprobs);
+            }
+            Piece::Done {
+                text: rest,
+                reason,
+                logprobs,
+            } => {
                 text.push_str(&rest);
-                let body = envelope.response(&text, reason, generation.usage());
+                entries.extend(logprobs);
+                let body = envelope.response(&text, reason, generation.usage(), &entries);
                 return Ok((class, Json(body)).into_response());
             }
             Piece::Failed(message) => return Err(ApiError::internal(message)),
@@ -227,20 +274,25 @@ async fn respond(
     }
 }
 
-/// The server-sent events of a streamed response, ending with `data: [DONE]`. When the
-/// client disconnects the stream is dropped, and with it the generation (cancelled).
+/// The server-sent events of a streamed response (after `echo`, if not empty), ending
+/// with `data: [DONE]`. When the client disconnects the stream is dropped, and with it the
+/// generation (cancelled).
 fn events(
     generation: Generation,
-    envelope: Envelope,
+    mut envelope: Envelope,
     include_usage: bool,
+    echo: String,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let mut queue = VecDeque::new();
     if envelope.endpoint == Endpoint::Chat {
         queue.push_back(envelope.role_chunk().to_string());
     }
+    if !echo.is_empty() {
+        queue.push_back(envelope.chunk(&echo, None, &[]).to_string());
+    }
     stream::unfold(
         (generation, envelope, queue, false),
-        move |(mut generation, envelope, mut queue, mut done)| async move {
+        move |(mut generation, mut envelope, mut queue, mut done)| async move {
             loop {
                 if let Some(data) = queue.pop_front() {
                     let event = Event::default().data(data);
@@ -250,12 +302,18 @@ fn events(
                     return None;
                 }
                 match generation.next().await {
-                    Piece::Text(t) => queue.push_back(envelope.chunk(&t, None).to_string()),
-                    Piece::Done { text, reason } => {
-                        if !text.is_empty() {
-                            queue.push_back(envelope.chunk(&text, None).to_string());
+                    Piece::Text { text, logprobs } => {
+                        queue.push_back(envelope.chunk(&text, None, &logprobs).to_string())
+                    }
+                    Piece::Done {
+                        text,
+                        reason,
+                        logprobs,
+                    } => {
+                        if !text.is_empty() || !logprobs.is_empty() {
+                            queue.push_back(envelope.chunk(&text, None, &logprobs).to_string());
                         }
-                        queue.push_back(envelope.chunk("", Some(reason)).to_string());
+                        queue.push_back(envelope.chunk("", Some(reason), &[]).to_string());
                         if include_usage {
                             queue.push_back(envelope.usage_chunk(generation.usage()).to_string());
                         }

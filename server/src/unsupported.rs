@@ -1,8 +1,8 @@
-//! OpenAI request fields this server does not honour yet (tools, log-probabilities,
-//! penalties): a request that asks for one is refused with a 400 naming
-//! it, never answered as if it had not asked. A field sent with the value that asks for
-//! nothing (`tools: []`, `logprobs: false`,
-//! `presence_penalty: 0`, ...) passes, as clients and SDKs often send those defaults.
+//! The request fields this server reads, and the refusals for the rest: a field that
+//! would change the answer but is not honoured yet (tools) is refused with a 400 naming it
+//! unless it carries the value that asks for nothing (`tools: []`, `tool_choice: "none"`,
+//! as clients and SDKs often send); a field this server does not know is refused by name,
+//! except those clients send routinely that change nothing here (`user`, `metadata`, ...).
 
 use serde_json::Value;
 
@@ -11,26 +11,85 @@ use crate::error::ApiError;
 /// The fields checked, in the order an error names them (`suffix`: completions only),
 /// each with the value of it that asks for nothing, as JSON text (`null` always does;
 /// numbers compare as numbers, so `0` stands for `0.0` too).
-const FIELDS: [(&str, &str); 14] = [
+const FIELDS: [(&str, &str); 6] = [
     ("tools", "[]"),
     ("tool_choice", r#""none""#),
     ("functions", "[]"),
     ("function_call", r#""none""#),
-    ("logprobs", "false"),
-    ("top_logprobs", "0"),
-    ("echo", "false"),
-    ("presence_penalty", "0"),
-    ("frequency_penalty", "0"),
-    ("repetition_penalty", "1"),
-    ("min_p", "0"),
-    ("logit_bias", "{}"),
     ("best_of", "1"),
     ("suffix", r#""""#),
 ];
 
-/// Refuses a request `body` (a JSON object) that asks for a field this server does not
-/// honour.
-pub fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
+/// Fields both routes read.
+const COMMON: [&str; 21] = [
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "stream",
+    "stream_options",
+    "priority",
+    "response_format",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+];
+
+/// Fields of one route only.
+const CHAT: [&str; 1] = ["messages"];
+const COMPLETIONS: [&str; 2] = ["prompt", "echo"];
+
+/// Fields clients send routinely that change nothing here: accepted and ignored.
+const NO_EFFECT: [&str; 7] = [
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// The routes that read a request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    Chat,
+}
+
+/// Refuses a request `body` (a JSON object) for `endpoint` that asks for a field this
+/// server does not honour or know.
+pub fn refuse_unsupported(body: &Value, endpoint: Endpoint) -> Result<(), ApiError> {
+    let own: &[&str] = match endpoint {
+        Endpoint::Chat => &CHAT,
+        Endpoint::Completions => &COMPLETIONS,
+    };
+    let fields = body.as_object().into_iter().flat_map(|o| o.keys());
+    for field in fields {
+        let known = [&COMMON[..], own, &NO_EFFECT]
+            .iter()
+            .any(|list| list.contains(&field.as_str()))
+            || FIELDS.iter().any(|(f, _)| f == field);
+        if !known {
+            return Err(ApiError::invalid_param(
+                field.clone(),
+                format!(
+                    "unknown field `{field}`: this server does not implement it, so the \
+                     request is refused rather than answered without it"
+                ),
+            ));
+        }
+    }
     for (field, no_op) in FIELDS {
         let Some(value) = body.get(field).filter(|v| !v.is_null()) else {
             continue;
@@ -73,22 +132,13 @@ mod tests {
             ("tool_choice", json!("required")),
             ("functions", json!([{"name": "f"}])),
             ("function_call", json!("auto")),
-            ("logprobs", json!(true)),
-            ("logprobs", json!(0)),
-            ("top_logprobs", json!(5)),
-            ("echo", json!(true)),
-            ("presence_penalty", json!(0.5)),
-            ("frequency_penalty", json!(-1)),
-            ("repetition_penalty", json!(1.1)),
-            ("min_p", json!(0.05)),
-            ("logit_bias", json!({"50256": -100})),
             ("best_of", json!(3)),
             ("suffix", json!("end")),
         ];
         for (field, value) in asking {
             let body = json!({"model": "m", "prompt": "hi", field: value});
-            let e = refuse_unsupported(&body).expect_err(field);
-            assert_eq!(e.param, Some(field), "{field}");
+            let e = refuse_unsupported(&body, Endpoint::Completions).expect_err(field);
+            assert_eq!(e.param.as_deref(), Some(field), "{field}");
             assert!(e.message.contains(field), "{}", e.message);
         }
         let defaults = json!({
@@ -96,8 +146,27 @@ mod tests {
             "tool_choice": "none", "logprobs": false, "top_logprobs": 0, "echo": false,
             "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
             "min_p": 0, "logit_bias": {}, "best_of": 1, "suffix": "", "functions": null,
-            "user": "someone", "parallel_tool_calls": true,
+            "user": "someone", "parallel_tool_calls": true, "metadata": {"a": "b"},
         });
-        refuse_unsupported(&defaults).expect("defaults ask for nothing");
+        refuse_unsupported(&defaults, Endpoint::Completions).expect("defaults ask for nothing");
+    }
+
+    #[test]
+    fn unknown_fields_and_the_other_routes_fields_are_refused_by_name() {
+        for (endpoint, field) in [
+            (Endpoint::Chat, "reasoning_effort"),
+            (Endpoint::Chat, "echo"),
+            (Endpoint::Chat, "prompt"),
+            (Endpoint::Completions, "messages"),
+            (Endpoint::Completions, "temprature"),
+        ] {
+            let body = json!({"model": "m", field: 1});
+            let e = refuse_unsupported(&body, endpoint).expect_err(field);
+            assert_eq!(e.param.as_deref(), Some(field));
+            assert!(e.message.contains("unknown field"), "{}", e.message);
+        }
+        let chat = json!({"model": "m", "messages": [], "logprobs": true, "top_logprobs": 3,
+                          "logit_bias": {"1": 2}, "stop_token_ids": [2], "user": "u"});
+        refuse_unsupported(&chat, Endpoint::Chat).expect("all read or without effect");
     }
 }

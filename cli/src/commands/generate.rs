@@ -10,7 +10,7 @@ use fornax_backends::{BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::grammar::{Constraint, Grammar, GrammarCompiler};
 use fornax_engine::model::Model;
-use fornax_engine::sampling::SamplingParams;
+use fornax_engine::sampling::{Adjustments, Sampler, SamplingParams, TokenLogprobs};
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::{ChatMessage, TextStream, Tokenizer};
@@ -36,6 +36,16 @@ pub struct GenerateArgs {
     /// Nucleus sampling threshold.
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
+    /// Drop tokens less likely than this times the most likely one (0 = none).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalise every token already seen, prompt included (1 = none; 1.1 is common).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Report each token's log-probability and the N most likely tokens' (0 to 20): in
+    /// the JSON with --json, else a table on stderr.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..=20))]
+    pub logprobs: Option<u8>,
     /// Random seed: the same seed gives the same tokens.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -99,6 +109,17 @@ impl GenerateArgs {
         Ok(ids)
     }
 
+    /// Whether what it asks for needs the engine (grammars, log-probabilities, sampling
+    /// settings the plain generation loop does not apply).
+    fn engine_only(&self) -> bool {
+        let sampling = self.sampling();
+        self.json_schema.is_some()
+            || self.regex.is_some()
+            || self.grammar.is_some()
+            || self.logprobs.is_some()
+            || Sampler::new(sampling).needs_host()
+    }
+
     /// The grammar asked for, read from its file.
     fn grammar(&self) -> Result<Option<Grammar>> {
         let read = |path: &PathBuf| {
@@ -115,6 +136,20 @@ impl GenerateArgs {
         })
     }
 
+    fn sampling(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            seed: self.seed,
+            adjust: Adjustments {
+                repetition_penalty: self.repetition_penalty,
+                ..Adjustments::default()
+            },
+        }
+    }
+
     fn params(&self, tok: &Tokenizer) -> GenerateParams {
         let stop_ids = match self.ignore_eos {
             true => Vec::new(),
@@ -122,12 +157,7 @@ impl GenerateArgs {
         };
         GenerateParams {
             max_tokens: self.max_tokens,
-            sampling: SamplingParams {
-                temperature: self.temperature,
-                top_k: self.top_k,
-                top_p: self.top_p,
-                seed: self.seed,
-            },
+            sampling: self.sampling(),
             stop_ids,
             ..GenerateParams::default()
         }
@@ -135,8 +165,9 @@ impl GenerateArgs {
 }
 
 impl Generate<'_> {
-    /// Generates through the engine (one request), with speculative decoding or under
-    /// `constraint`; returns the tokens and, with speculation, a line of its figures.
+    /// Generates through the engine (one request), with speculative decoding, under
+    /// `constraint`, with penalties or log-probabilities; returns the tokens, their
+    /// log-probabilities (where asked) and, with speculation, a line of its figures.
     fn through_engine<B: EngineBackend>(
         &self,
         model: &Model<B>,
@@ -144,7 +175,7 @@ impl Generate<'_> {
         params: &GenerateParams,
         constraint: Option<Constraint>,
         mut on_token: impl FnMut(u32) -> bool,
-    ) -> Result<(Vec<u32>, Option<String>)> {
+    ) -> Result<EngineOutput> {
         let capacity = self
             .args
             .kv
@@ -166,12 +197,18 @@ impl Generate<'_> {
             sampling: params.sampling.clone(),
             stop_ids: params.stop_ids.clone(),
             constraint,
+            logprobs: self.args.logprobs.map(usize::from),
         })?;
         let mut ids = Vec::new();
+        let mut logprobs = Vec::new();
         while !engine.is_idle() {
             for event in engine.step()? {
-                if let Event::Token { token, .. } = event {
+                if let Event::Token {
+                    token, logprobs: l, ..
+                } = event
+                {
                     ids.push(token);
+                    logprobs.extend(l.map(|l| (token, l)));
                     if !on_token(token) {
                         engine.cancel(id);
                         break;
@@ -188,8 +225,28 @@ impl Generate<'_> {
             s.accepted,
             100.0 * s.acceptance_rate()
         ));
-        Ok((ids, summary))
+        Ok((ids, logprobs, summary))
     }
+}
+
+/// Tokens, their log-probabilities where asked, and a line of speculation figures.
+type EngineOutput = (Vec<u32>, Vec<(u32, Box<TokenLogprobs>)>, Option<String>);
+
+/// Log-probabilities as JSON: per token its id, text, log-probability and alternatives.
+fn logprobs_json(tok: &Tokenizer, entries: &[(u32, Box<TokenLogprobs>)]) -> serde_json::Value {
+    let text =
+        |t: u32| String::from_utf8_lossy(tok.token_bytes(t).unwrap_or_default()).into_owned();
+    entries
+        .iter()
+        .map(|(t, l)| {
+            let top: Vec<_> = l
+                .top
+                .iter()
+                .map(|&(a, lp)| serde_json::json!({"id": a, "text": text(a), "logprob": lp}))
+                .collect();
+            serde_json::json!({"id": t, "text": text(*t), "logprob": l.logprob, "top": top})
+        })
+        .collect()
 }
 
 impl BackendTask for Generate<'_> {
@@ -224,10 +281,12 @@ impl BackendTask for Generate<'_> {
             true
         };
         let mut summary = None;
-        let ids = if self.args.spec.spec.is_some() || constraint.is_some() {
-            let (ids, line) =
+        let mut logprobs = Vec::new();
+        let ids = if self.args.spec.spec.is_some() || self.args.engine_only() {
+            let (ids, l, line) =
                 self.through_engine(&model, prompt.clone(), &params, constraint, on_token)?;
             summary = line;
+            logprobs = l;
             ids
         } else if self.args.kv.contiguous_kv {
             generate_in(&model, &mut model.new_cache(), &prompt, &params, on_token)?
@@ -244,11 +303,21 @@ impl BackendTask for Generate<'_> {
         };
         if json {
             let text = self.tok.decode(&ids)?;
-            let out =
+            let mut out =
                 serde_json::json!({ "prompt_ids": prompt, "generated_ids": ids, "text": text });
+            if self.args.logprobs.is_some() {
+                out["logprobs"] = logprobs_json(self.tok, &logprobs);
+            }
             writeln!(stdout, "{out}")?;
         } else {
             writeln!(stdout, "{}", stream.finish())?;
+            for entry in logprobs_json(self.tok, &logprobs)
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                eprintln!("{entry}");
+            }
         }
         if let Some(line) = summary {
             eprintln!("{line}");
@@ -261,10 +330,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.spec.spec.is_some() && args.kv.contiguous_kv {
         anyhow::bail!("--spec needs the paged KV cache (drop --contiguous-kv)");
     }
-    let constrained = args.json_schema.is_some() || args.regex.is_some() || args.grammar.is_some();
-    if constrained && args.kv.contiguous_kv {
+    if args.engine_only() && args.kv.contiguous_kv {
         anyhow::bail!(
-            "--json-schema, --regex and --grammar need the paged KV cache (drop --contiguous-kv)"
+            "--json-schema, --regex, --grammar, --logprobs, --min-p and --repetition-penalty \
+             need the paged KV cache (drop --contiguous-kv)"
         );
     }
     let file = args.model.open()?;

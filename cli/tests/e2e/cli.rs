@@ -315,8 +315,9 @@ fn models_lists_aliases_and_unknown_ones_are_named() {
     }
 }
 
-/// `generate --json-schema` prints JSON valid for the schema (sampled), `--regex` a match;
-/// a schema that cannot compile and a missing file are one clear error each.
+/// `generate --json-schema` prints JSON valid for the schema (sampled), `--regex` a match,
+/// `--logprobs 3` each token's log-probability and three alternatives; a schema that
+/// cannot compile and a missing file are one clear error each.
 #[test]
 fn generate_under_a_schema_or_a_regex() {
     let model = model();
@@ -368,6 +369,29 @@ fn generate_under_a_schema_or_a_regex() {
     let text = out["text"].as_str().unwrap().trim_end_matches("<|im_end|>");
     let b = text.as_bytes();
     assert!(b.len() == 8 && b[3] == b'-', "{text}");
+
+    // --logprobs: one entry per generated token, greedy's token heading its alternatives.
+    let out = json_out(&run(&[
+        "Name a colour.",
+        "--max-tokens",
+        "6",
+        "--logprobs",
+        "3",
+        "--json",
+    ]));
+    let ids = out["generated_ids"].as_array().unwrap();
+    let entries = out["logprobs"].as_array().unwrap();
+    assert_eq!(entries.len(), ids.len());
+    for (e, id) in entries.iter().zip(ids) {
+        assert_eq!(e["id"], *id, "{e}");
+        let top = e["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{e}");
+        assert_eq!(
+            (&top[0]["id"], &top[0]["logprob"]),
+            (id, &e["logprob"]),
+            "{e}"
+        );
+    }
 
     std::fs::write(&schema, r#"{"type": "objekt"}"#).unwrap();
     let bad = run(&["hi", "--json-schema", &schema_arg]);

@@ -760,13 +760,42 @@ fn bad_input_gets_openai_errors_and_the_server_stays_healthy() {
             "response_format.type: unknown variant `yaml`",
         ),
         (
-            "log-probabilities the server would not return",
-            c,
-            json!({"model": MODEL, "prompt": "hi", "logprobs": 5})
+            "tools the server would not call",
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                   "tools": [{"type": "function", "function": {"name": "f"}}]})
                 .to_string()
                 .into_bytes(),
             400,
-            "`logprobs` is not supported",
+            "`tools` is not supported",
+        ),
+        (
+            "a field the server does not know",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "temprature": 0.5})
+                .to_string()
+                .into_bytes(),
+            400,
+            "unknown field `temprature`",
+        ),
+        (
+            "a logit bias on no token of the model",
+            c,
+            json!({"model": MODEL, "prompt": "hi", "logit_bias": {"99999999": 5}})
+                .to_string()
+                .into_bytes(),
+            400,
+            "is not a token id of this model",
+        ),
+        (
+            "too many alternatives",
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                   "logprobs": true, "top_logprobs": 21})
+                .to_string()
+                .into_bytes(),
+            400,
+            "top_logprobs must be 0 to 20",
         ),
         (
             "unknown route",
@@ -954,5 +983,107 @@ fn response_formats_hold_through_the_openai_client() {
         assert_eq!(r["error"], Value::Null, "{r}");
         assert_eq!(r["finish_reason"], "stop", "{r}");
     }
+    server.assert_healthy();
+}
+
+/// Log-probabilities, echo, biases, penalties and stop token ids through the official
+/// client (`tests/sampling_client.py`), greedy: chat's `logprobs.content` (streamed and
+/// not) has one entry per token whose texts make the reply, each with 3 alternatives
+/// headed by itself; completions' `logprobs` lists tokens, log-probabilities, 2
+/// alternatives and text offsets; echo repeats the prompt; a +100 bias selects its token
+/// at every step, and the same token as a stop token id ends the output at once.
+#[test]
+fn logprobs_biases_and_penalties_through_the_openai_client() {
+    let server = Server::start(&[]);
+    let r = python_client("sampling_client.py", &server, &[]);
+    let check_chat_entries = |entries: &[Value], text: &str| {
+        let joined: String = entries
+            .iter()
+            .map(|e| e["token"].as_str().unwrap())
+            .collect();
+        assert_eq!(joined, text);
+        for e in entries {
+            let top = e["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3, "{e}");
+            assert_eq!(top[0]["token"], e["token"], "greedy: {e}");
+            assert_eq!(top[0]["logprob"], e["logprob"], "{e}");
+            assert!(e["logprob"].as_f64().unwrap() <= 0.0, "{e}");
+            let bytes: Vec<u8> = serde_json::from_value(e["bytes"].clone()).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&bytes),
+                e["token"].as_str().unwrap()
+            );
+        }
+    };
+    let chat = &r["chat"]["choices"][0];
+    let text = chat["message"]["content"].as_str().unwrap();
+    let entries = chat["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(
+        entries.len() as u64,
+        r["chat"]["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    check_chat_entries(entries, text);
+    let chunks = r["chat_stream"].as_array().unwrap();
+    let streamed: Vec<Value> = chunks
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap().clone())
+        .flat_map(|c| {
+            c["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    let streamed_text: String = chunks
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap().clone())
+        .filter_map(|c| c["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(streamed_text, text, "greedy: the same reply streamed");
+    assert_eq!(streamed, *entries, "and the same log-probabilities");
+
+    let completion = &r["completion"]["choices"][0];
+    let lp = &completion["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.concat(), completion["text"].as_str().unwrap());
+    let offsets: Vec<u64> = serde_json::from_value(lp["text_offset"].clone()).unwrap();
+    let mut at = 0;
+    for (t, o) in tokens.iter().zip(&offsets) {
+        assert_eq!(*o, at);
+        at += t.chars().count() as u64;
+    }
+    for (top, l) in lp["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(lp["token_logprobs"].as_array().unwrap())
+    {
+        let top = top.as_object().unwrap();
+        assert_eq!(top.len(), 2, "{top:?}");
+        let best = top
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert_eq!(best, l.as_f64().unwrap(), "greedy takes the top token");
+    }
+
+    let echo = r["echo"]["choices"][0]["text"].as_str().unwrap();
+    assert!(
+        echo.starts_with(COMPLETION_PROMPT) && echo.len() > COMPLETION_PROMPT.len(),
+        "{echo}"
+    );
+
+    let biased = &r["biased"]["choices"][0];
+    let tokens = biased["logprobs"]["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 5);
+    assert!(tokens.iter().all(|t| *t == tokens[0]), "{biased}");
+    let stopped = &r["stopped"]["choices"][0];
+    assert_eq!(stopped["text"], "", "{stopped}");
+    assert_eq!(stopped["finish_reason"], "stop", "{stopped}");
     server.assert_healthy();
 }

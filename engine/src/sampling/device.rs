@@ -10,9 +10,8 @@ use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElemen
 use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 use fornax_shaders::sampling::{FALLBACK, PARAMS, WINDOW};
 
-use super::{Draw, Sampler};
+use super::{Draw, HostRow, Sampler, TokenLogprobs};
 use crate::device_counts::{read_back, read_back_async};
-use crate::grammar::Mask;
 use crate::{logits_to_vec, logits_to_vec_async};
 
 fn ids(data: TensorData) -> Vec<u32> {
@@ -183,46 +182,47 @@ pub fn pick_rows<B: SamplingOps>(logits: Tensor<B, 2>, samplers: &mut [&mut Samp
     }
 }
 
-/// [`pick_rows`] with row `i` restricted to the tokens `masks[i]` allows, if any: the
-/// masked rows' logits are read back, masked and sampled on the host; the other rows are
-/// picked as [`pick_rows`] picks them.
-pub fn pick_rows_masked<B: SamplingOps>(
+/// [`pick_rows`] with row `i` chosen on the host where `hosted[i]` says what it needs
+/// there (a grammar's mask, penalties, log-probabilities: [`Sampler::sample_hosted`]):
+/// those rows' logits are read back; the other rows are picked as [`pick_rows`] picks
+/// them. Returns each row's token and, where asked, its log-probabilities.
+pub fn pick_rows_hosted<B: SamplingOps>(
     logits: Tensor<B, 2>,
     samplers: &mut [&mut Sampler],
-    masks: &[Option<Mask>],
-) -> Vec<u32> {
-    let mask = |i: usize| masks.get(i).and_then(Option::as_ref);
-    let (masked, free): (Vec<usize>, Vec<usize>) =
-        (0..samplers.len()).partition(|&i| mask(i).is_some());
-    if masked.is_empty() {
-        return pick_rows(logits, samplers);
+    hosted: &[Option<HostRow<'_>>],
+) -> (Vec<u32>, Vec<Option<TokenLogprobs>>) {
+    let host = |i: usize| hosted.get(i).and_then(Option::as_ref);
+    let (on_host, free): (Vec<usize>, Vec<usize>) =
+        (0..samplers.len()).partition(|&i| host(i).is_some());
+    let mut logprobs = vec![None; samplers.len()];
+    if on_host.is_empty() {
+        return (pick_rows(logits, samplers), logprobs);
     }
     let mut tokens = vec![0; samplers.len()];
-    let (mut masked_samplers, mut free_samplers) = (Vec::new(), Vec::new());
+    let (mut host_samplers, mut free_samplers) = (Vec::new(), Vec::new());
     for (i, s) in samplers.iter_mut().enumerate() {
-        match mask(i) {
-            Some(_) => masked_samplers.push(&mut **s),
+        match host(i) {
+            Some(_) => host_samplers.push(&mut **s),
             None => free_samplers.push(&mut **s),
         }
     }
-    let masked_logits = match free.is_empty() {
+    let host_logits = match free.is_empty() {
         true => logits,
         false => {
             let picked = pick_rows(select_rows(logits.clone(), &free), &mut free_samplers);
             for (&r, t) in free.iter().zip(picked) {
                 tokens[r] = t;
             }
-            select_rows(logits, &masked)
+            select_rows(logits, &on_host)
         }
     };
-    let mut values = logits_to_vec(masked_logits);
-    let vocab = values.len() / masked.len();
+    let mut values = logits_to_vec(host_logits);
+    let vocab = values.len() / on_host.len();
     let rows = values.chunks_exact_mut(vocab);
-    for ((&r, row), s) in masked.iter().zip(rows).zip(masked_samplers) {
-        mask(r).expect("a masked row").apply(row);
-        tokens[r] = s.sample(row);
+    for ((&r, row), s) in on_host.iter().zip(rows).zip(host_samplers) {
+        (tokens[r], logprobs[r]) = s.sample_hosted(row, host(r).expect("a hosted row"));
     }
-    tokens
+    (tokens, logprobs)
 }
 
 /// [`pick_rows`] without blocking the thread (in a browser).

@@ -99,6 +99,7 @@ fn sampled_verification_keeps_the_distribution() {
                 top_k: 0,
                 top_p: 1.0,
                 seed: seed * 7919 + u64::from(draft),
+                ..SamplingParams::greedy()
             });
             let picks: Vec<u32> = sampler_chain(&sampler, 2)
                 .iter_mut()
@@ -138,6 +139,7 @@ fn seeded_verification_draws_what_plain_sampling_draws() {
         top_k: 20,
         top_p: 0.95,
         seed: 11,
+        ..SamplingParams::greedy()
     };
     let mut plain = Sampler::new(params.clone());
     let expected: Vec<u32> = rows.iter().map(|r| plain.sample(r)).collect();

@@ -378,12 +378,13 @@ pub fn serve_waves<B: EngineBackend>(
                 sampling: SamplingParams::greedy(),
                 stop_ids: vec![],
                 constraint: None,
+                logprobs: None,
             };
             ids.insert(engine.submit(request).unwrap(), i);
         }
         while !engine.is_idle() {
             for event in engine.step().unwrap() {
-                if let Event::Token { id, token } = event {
+                if let Event::Token { id, token, .. } = event {
                     got[ids[&id]].push(token);
                 }
             }

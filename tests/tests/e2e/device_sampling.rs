@@ -37,6 +37,7 @@ fn params(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingPara
         top_k,
         top_p,
         seed,
+        ..SamplingParams::greedy()
     }
 }
 

@@ -75,6 +75,7 @@ impl BackendTask for Batching {
                     sampling: SamplingParams::greedy(),
                     stop_ids: vec![],
                     constraint: None,
+                    logprobs: None,
                 })
                 .unwrap();
             ids.insert(id, i);
@@ -85,7 +86,7 @@ impl BackendTask for Batching {
         while !engine.is_idle() {
             for event in engine.step().unwrap() {
                 match event {
-                    Event::Token { id, token } => got[ids[&id]].push(token),
+                    Event::Token { id, token, .. } => got[ids[&id]].push(token),
                     Event::Finished { .. } => finished += 1,
                 }
             }
@@ -232,6 +233,7 @@ impl BackendTask for Threaded {
             sampling: SamplingParams::greedy(),
             stop_ids: vec![],
             constraint: None,
+            logprobs: None,
         };
         let want: Vec<Vec<u32>> = (0..2)
             .map(|i| {
@@ -290,13 +292,16 @@ impl BackendTask for Threaded {
                 quitter.blocking_recv().unwrap(),
                 Update::Accepted(_)
             ));
-            assert!(matches!(quitter.blocking_recv().unwrap(), Update::Token(_)));
+            assert!(matches!(
+                quitter.blocking_recv().unwrap(),
+                Update::Token(..)
+            ));
             drop(quitter);
             for (i, mut rx) in streams.into_iter().enumerate() {
                 let mut tokens = Vec::new();
                 while let Some(update) = rx.blocking_recv() {
                     match update {
-                        Update::Token(t) => tokens.push(t),
+                        Update::Token(t, _) => tokens.push(t),
                         Update::Finished(_) => break,
                         Update::Accepted(_) => {}
                         other => panic!("prompt {i}: {other:?}"),
@@ -433,13 +438,14 @@ impl BackendTask for Window {
                     sampling: SamplingParams::greedy(),
                     stop_ids: vec![],
                     constraint: None,
+                    logprobs: None,
                 };
                 ids.insert(engine.submit(request).unwrap(), i);
             }
             let mut got = vec![Vec::new(); prompts.len()];
             while !engine.is_idle() {
                 for event in engine.step().unwrap() {
-                    if let Event::Token { id, token } = event {
+                    if let Event::Token { id, token, .. } = event {
                         got[ids[&id]].push(token);
                     }
                 }

@@ -97,6 +97,7 @@ impl BackendTask for Pressure {
             sampling: SamplingParams::greedy(),
             stop_ids: vec![],
             constraint: None,
+            logprobs: None,
         };
         let mut ids: HashMap<RequestId, usize> = HashMap::new();
         let first = if staggered { 1 } else { prompts.len() };
@@ -106,7 +107,7 @@ impl BackendTask for Pressure {
         let mut got = vec![Vec::new(); prompts.len()];
         while !engine.is_idle() {
             for event in engine.step().unwrap() {
-                if let Event::Token { id, token } = event {
+                if let Event::Token { id, token, .. } = event {
                     got[ids[&id]].push(token);
                 }
             }

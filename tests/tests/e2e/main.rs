@@ -21,6 +21,7 @@ mod paged_model;
 mod quant_kernels;
 mod reference_cpu;
 mod reference_wgpu;
+mod sampling_requests;
 mod speculative;
 mod structured;
 mod tiny_model;

@@ -68,13 +68,14 @@ fn serve<B: EngineBackend>(
             sampling: sampling(i),
             stop_ids: vec![],
             constraint: None,
+            logprobs: None,
         };
         ids.insert(engine.submit(request).unwrap(), i);
     }
     let mut tokens = vec![Vec::new(); prompts.len()];
     while !engine.is_idle() {
         for event in engine.step().unwrap() {
-            if let Event::Token { id, token } = event {
+            if let Event::Token { id, token, .. } = event {
                 tokens[ids[&id]].push(token);
             }
         }
@@ -190,6 +191,7 @@ impl BackendTask for Seeded {
             top_k: 40,
             top_p: 0.95,
             seed: 100 + i as u64,
+            ..SamplingParams::greedy()
         };
         let plain = serve(&model, &prompts, sampling, ROOMY, None);
         for config in proposers() {

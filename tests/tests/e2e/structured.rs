@@ -97,6 +97,7 @@ impl BackendTask for Generate {
                 },
                 stop_ids: tok.stop_ids(),
                 constraint: Some(compiler.compile(grammar).unwrap()),
+                logprobs: None,
             };
             ids.insert(engine.submit(request).unwrap(), i);
         }
@@ -105,7 +106,7 @@ impl BackendTask for Generate {
         while !engine.is_idle() {
             for event in engine.step().unwrap() {
                 match event {
-                    Event::Token { id, token } => tokens[ids[&id]].push(token),
+                    Event::Token { id, token, .. } => tokens[ids[&id]].push(token),
                     Event::Finished { id, reason } => reasons[ids[&id]] = Some(reason),
                 }
             }
