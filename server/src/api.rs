@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use crate::error::ApiError;
 use crate::response_format::ResponseFormat;
+use crate::tools::{Tool, ToolChoice};
 pub use crate::unsupported::Endpoint;
 
 /// `POST /v1/completions`.
@@ -27,6 +28,9 @@ pub struct CompletionRequest {
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<Message>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// A completion prompt: text, a one-element list of text, or token ids.
@@ -41,11 +45,34 @@ pub enum Prompt {
     Ids(Vec<u32>),
 }
 
-/// A chat message; `content` is text or a list of text parts.
+/// A chat message; `content` is text or a list of text parts (none for an assistant turn
+/// that called tools).
 #[derive(Debug, Deserialize)]
 pub struct Message {
     pub role: String,
-    pub content: Content,
+    #[serde(default)]
+    pub content: Option<Content>,
+    /// The calls an assistant turn made.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallMessage>>,
+    /// The call a `tool` turn answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// A call in an assistant message.
+#[derive(Debug, Deserialize)]
+pub struct ToolCallMessage {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub function: CalledFunction,
+}
+
+/// The function of a call: its name and arguments (JSON text).
+#[derive(Debug, Deserialize)]
+pub struct CalledFunction {
+    pub name: String,
+    pub arguments: String,
 }
 
 /// Message content.
@@ -127,8 +154,9 @@ impl Message {
     /// The message text; non-text parts are refused.
     pub fn text(&self) -> Result<String, ApiError> {
         match &self.content {
-            Content::Text(t) => Ok(t.clone()),
-            Content::Parts(parts) => parts
+            None => Ok(String::new()),
+            Some(Content::Text(t)) => Ok(t.clone()),
+            Some(Content::Parts(parts)) => parts
                 .iter()
                 .map(|p| match (p.kind.as_str(), &p.text) {
                     ("text", Some(t)) => Ok(t.as_str()),

@@ -23,6 +23,7 @@ use crate::telemetry::{
     TTFT,
 };
 use crate::text::StopText;
+use crate::tools::ToolPlan;
 use crate::AppState;
 
 /// QoS class of requests that give no `priority`.
@@ -47,8 +48,11 @@ pub struct Job {
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
-    /// The grammar the output must match, compiled when the job starts.
-    pub grammar: Option<Grammar>,
+    /// The grammar the output must match, compiled when the job starts, and the field
+    /// it came from.
+    pub grammar: Option<(Grammar, &'static str)>,
+    /// The output may be tool calls (`tools.rs`).
+    pub tools: bool,
 }
 
 impl Job {
@@ -61,7 +65,7 @@ impl Job {
         caller: Option<Caller>,
     ) -> Result<Self, ApiError> {
         let grammar = match params.response_format.take() {
-            Some(format) => format.grammar()?,
+            Some(format) => format.grammar()?.map(|g| (g, "response_format")),
             None => None,
         };
         if params.n.is_some_and(|n| n != 1) {
@@ -145,7 +149,21 @@ impl Job {
             stream: params.stream,
             include_usage: params.stream_options.is_some_and(|o| o.include_usage),
             grammar,
+            tools: false,
         })
+    }
+
+    /// Asks for the output `plan` allows (tool calls or text).
+    pub fn with_tools(mut self, plan: ToolPlan) -> Result<Self, ApiError> {
+        if self.grammar.is_some() {
+            return Err(ApiError::invalid_param(
+                "response_format",
+                "response_format and tools cannot be used together (send one grammar)",
+            ));
+        }
+        self.grammar = Some((plan.grammar, "tools"));
+        self.tools = true;
+        Ok(self)
     }
 }
 
@@ -206,7 +224,9 @@ impl Generation {
         })?;
         // Compiled in its queue place: a full queue refuses at once, without compiling.
         let constraint = match job.grammar {
-            Some(g) => Some(crate::response_format::compile(state.grammars.clone(), g).await?),
+            Some((g, param)) => {
+                Some(crate::response_format::compile(state.grammars.clone(), g, param).await?)
+            }
             None => None,
         };
         let (updates_tx, mut updates) = unbounded_channel();

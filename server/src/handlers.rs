@@ -13,7 +13,7 @@ use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
+use fornax_engine::tokenizer::Tokenizer;
 use futures_util::stream::{self, Stream};
 use serde_json::{json, Value};
 
@@ -22,6 +22,7 @@ use crate::api::{Body, ChatRequest, CompletionRequest, Endpoint, GenerationParam
 use crate::error::ApiError;
 use crate::generation::{Generation, Job, Logprob, Piece};
 use crate::logprobs;
+use crate::tools::{self, CallStream, Streamed};
 use crate::AppState;
 
 /// The fields every response of one request repeats, and how its log-probabilities are
@@ -36,10 +37,14 @@ struct Envelope {
     logprobs: Option<Arc<Tokenizer>>,
     /// Characters of the completion's text before the next token (`text_offset`).
     offset: usize,
+    /// A streamed output that may be tool calls, as read so far.
+    calls: Option<CallStream>,
+    /// Log-probabilities of streamed text held back (until it shows whether it is calls).
+    held: Vec<Logprob>,
 }
 
 impl Envelope {
-    fn new(state: &AppState, endpoint: Endpoint, logprobs: bool) -> Self {
+    fn new(state: &AppState, endpoint: Endpoint, job: &Job) -> Self {
         let n = state.next_id.fetch_add(1, Ordering::Relaxed);
         let prefix = match endpoint {
             Endpoint::Completions => "cmpl",
@@ -50,8 +55,10 @@ impl Envelope {
             id: format!("{prefix}-{n}"),
             created: unix_now(),
             model: state.model.name.clone(),
-            logprobs: logprobs.then(|| state.tokenizer.clone()),
+            logprobs: job.logprobs.map(|_| state.tokenizer.clone()),
             offset: 0,
+            calls: job.tools.then(CallStream::default),
+            held: Vec::new(),
         }
     }
 
@@ -69,15 +76,71 @@ impl Envelope {
     /// A whole response (`stream: false`).
     fn response(&mut self, text: &str, reason: &str, usage: Value, entries: &[Logprob]) -> Value {
         let logprobs = self.logprobs(entries);
-        let (object, choice) = match self.endpoint {
-            Endpoint::Completions => ("text_completion", text_choice(text, Some(reason), logprobs)),
-            Endpoint::Chat => (
+        let calls = self.calls.as_ref().and_then(|_| tools::read_calls(text));
+        let (object, choice) = match (self.endpoint, calls) {
+            (Endpoint::Completions, _) => {
+                ("text_completion", text_choice(text, Some(reason), logprobs))
+            }
+            (Endpoint::Chat, Some(Ok(calls))) => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": null,
+                       "tool_calls": tools::tool_calls(&self.id, &calls)},
+                       "logprobs": logprobs, "finish_reason": "tool_calls"}),
+            ),
+            (Endpoint::Chat, _) => (
                 "chat.completion",
                 json!({"index": 0, "message": {"role": "assistant", "content": text},
                        "logprobs": logprobs, "finish_reason": reason}),
             ),
         };
         self.wrap(object, vec![choice], Some(usage))
+    }
+
+    /// The chunk for a streamed piece of the output with its tokens' `entries`: text, or
+    /// tool-call deltas where the output is calls; none while a request with tools has
+    /// not shown which.
+    fn piece(&mut self, text: &str, entries: Vec<Logprob>) -> Result<Option<Value>, String> {
+        let Some(calls) = self.calls.as_mut() else {
+            return Ok(Some(self.chunk(text, None, &entries)));
+        };
+        self.held.extend(entries);
+        let streamed = calls.push(&self.id, text)?;
+        let entries = match streamed {
+            None => return Ok(None),
+            Some(_) => std::mem::take(&mut self.held),
+        };
+        Ok(match streamed {
+            Some(Streamed::Text(t)) => Some(self.chunk(&t, None, &entries)),
+            Some(Streamed::Calls(deltas)) => {
+                let logprobs = match entries.is_empty() {
+                    true => Value::Null,
+                    false => self.logprobs(&entries),
+                };
+                let choice = json!({"index": 0, "delta": {"tool_calls": deltas},
+                                    "logprobs": logprobs, "finish_reason": null});
+                Some(self.wrap(self.chunk_object(), vec![choice], None))
+            }
+            None => None,
+        })
+    }
+
+    /// The last chunks of a stream that ended for `reason`: held text, then the finish
+    /// reason (`tool_calls` where the output was a complete list of calls).
+    fn finish(&mut self, reason: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut reason = reason;
+        if let Some(calls) = self.calls.take() {
+            let (held, complete) = calls.finish();
+            let entries = std::mem::take(&mut self.held);
+            if !held.is_empty() || !entries.is_empty() {
+                out.push(self.chunk(&held, None, &entries));
+            }
+            if complete && reason == "stop" {
+                reason = "tool_calls";
+            }
+        }
+        out.push(self.chunk("", Some(reason), &[]));
+        out
     }
 
     /// A streamed chunk with `text` (and its tokens' `entries`), or with the finish reason
@@ -217,16 +280,26 @@ pub async fn chat(
             "messages must not be empty",
         ));
     }
-    let messages = req
-        .messages
-        .iter()
-        .map(|m| Ok(ChatMessage::new(&m.role, &m.text()?)))
-        .collect::<Result<Vec<_>, ApiError>>()?;
+    let reads_tools = state
+        .tokenizer
+        .chat_template()
+        .is_ok_and(|t| t.reads_tools());
+    let plan = tools::plan(
+        req.tools,
+        req.tool_choice,
+        req.parallel_tool_calls,
+        reads_tools,
+    )?;
+    let system = plan.as_ref().and_then(|p| p.system.as_deref());
+    let messages = tools::conversation(&req.messages, system, reads_tools)?;
     let prompt = state
         .tokenizer
-        .encode_chat(&messages)
+        .encode_chat_with_tools(&messages, plan.as_ref().map(|p| &p.tools))
         .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
-    let job = Job::new(&state, params, prompt, caller.map(|Extension(c)| c))?;
+    let mut job = Job::new(&state, params, prompt, caller.map(|Extension(c)| c))?;
+    if let Some(plan) = plan {
+        job = job.with_tools(plan)?;
+    }
     respond(state, job, Endpoint::Chat, arrived, None).await
 }
 
@@ -245,7 +318,7 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     let (stream, include_usage) = (job.stream, job.include_usage);
     let class = [(PRIORITY_HEADER, job.qos.to_string())];
-    let mut envelope = Envelope::new(&state, endpoint, job.logprobs.is_some());
+    let mut envelope = Envelope::new(&state, endpoint, &job);
     let mut generation = Generation::start(state, job, arrived).await?;
     let mut text = echo.unwrap_or_default();
     if stream {
@@ -301,27 +374,39 @@ fn events(
                 if done {
                     return None;
                 }
-                match generation.next().await {
-                    Piece::Text { text, logprobs } => {
-                        queue.push_back(envelope.chunk(&text, None, &logprobs).to_string())
-                    }
+                let (text, logprobs, end) = match generation.next().await {
+                    Piece::Text { text, logprobs } => (text, logprobs, None),
                     Piece::Done {
                         text,
                         reason,
                         logprobs,
-                    } => {
-                        if !text.is_empty() || !logprobs.is_empty() {
-                            queue.push_back(envelope.chunk(&text, None, &logprobs).to_string());
+                    } => (text, logprobs, Some(reason)),
+                    Piece::Failed(message) => {
+                        queue.push_back(ApiError::internal(message).body().to_string());
+                        queue.push_back("[DONE]".into());
+                        done = true;
+                        continue;
+                    }
+                };
+                if !text.is_empty() || !logprobs.is_empty() {
+                    match envelope.piece(&text, logprobs) {
+                        Ok(chunk) => queue.extend(chunk.map(|c| c.to_string())),
+                        Err(e) => {
+                            let message = format!("the tool calls did not parse: {e}");
+                            queue.push_back(ApiError::internal(message).body().to_string());
+                            queue.push_back("[DONE]".into());
+                            done = true;
+                            continue;
                         }
-                        queue.push_back(envelope.chunk("", Some(reason), &[]).to_string());
+                    }
+                }
+                match end {
+                    None => {}
+                    Some(reason) => {
+                        queue.extend(envelope.finish(reason).iter().map(Value::to_string));
                         if include_usage {
                             queue.push_back(envelope.usage_chunk(generation.usage()).to_string());
                         }
-                        queue.push_back("[DONE]".into());
-                        done = true;
-                    }
-                    Piece::Failed(message) => {
-                        queue.push_back(ApiError::internal(message).body().to_string());
                         queue.push_back("[DONE]".into());
                         done = true;
                     }

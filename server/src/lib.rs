@@ -18,6 +18,7 @@ pub mod response_format;
 pub mod sampling;
 pub mod telemetry;
 pub mod text;
+pub mod tools;
 mod unsupported;
 pub mod usage;
 

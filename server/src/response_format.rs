@@ -51,12 +51,14 @@ impl ResponseFormat {
     }
 }
 
-/// Compiles `grammar` on a blocking thread within [`COMPILE_DEADLINE`].
+/// Compiles `grammar` on a blocking thread within [`COMPILE_DEADLINE`]; a failure is a
+/// 400 naming `param`, the field the grammar came from.
 pub async fn compile(
     compiler: Arc<GrammarCompiler>,
     grammar: Grammar,
+    param: &'static str,
 ) -> Result<Constraint, ApiError> {
-    let refused = |why: String| ApiError::invalid_param("response_format", why);
+    let refused = |why: String| ApiError::invalid_param(param, why);
     let task = tokio::task::spawn_blocking(move || compiler.compile(&grammar));
     match tokio::time::timeout(COMPILE_DEADLINE, task).await {
         Err(_) => Err(refused(format!(

@@ -1,7 +1,8 @@
 //! The request fields this server reads, and the refusals for the rest: a field that
-//! would change the answer but is not honoured yet (tools) is refused with a 400 naming it
-//! unless it carries the value that asks for nothing (`tools: []`, `tool_choice: "none"`,
-//! as clients and SDKs often send); a field this server does not know is refused by name,
+//! would change the answer but is not honoured (the deprecated `functions`, `best_of`)
+//! is refused with a 400 naming it unless it carries the value that asks for nothing
+//! (`functions: []`, as clients and SDKs often send); a field this server does not know
+//! is refused by name,
 //! except those clients send routinely that change nothing here (`user`, `metadata`, ...).
 
 use serde_json::Value;
@@ -11,9 +12,7 @@ use crate::error::ApiError;
 /// The fields checked, in the order an error names them (`suffix`: completions only),
 /// each with the value of it that asks for nothing, as JSON text (`null` always does;
 /// numbers compare as numbers, so `0` stands for `0.0` too).
-const FIELDS: [(&str, &str); 6] = [
-    ("tools", "[]"),
-    ("tool_choice", r#""none""#),
+const FIELDS: [(&str, &str); 4] = [
     ("functions", "[]"),
     ("function_call", r#""none""#),
     ("best_of", "1"),
@@ -46,16 +45,15 @@ const COMMON: [&str; 21] = [
 ];
 
 /// Fields of one route only.
-const CHAT: [&str; 1] = ["messages"];
+const CHAT: [&str; 4] = ["messages", "tools", "tool_choice", "parallel_tool_calls"];
 const COMPLETIONS: [&str; 2] = ["prompt", "echo"];
 
 /// Fields clients send routinely that change nothing here: accepted and ignored.
-const NO_EFFECT: [&str; 7] = [
+const NO_EFFECT: [&str; 6] = [
     "user",
     "metadata",
     "store",
     "service_tier",
-    "parallel_tool_calls",
     "prompt_cache_key",
     "safety_identifier",
 ];
@@ -125,11 +123,6 @@ mod tests {
     #[test]
     fn requests_for_a_field_are_refused_by_name_and_defaults_pass() {
         let asking = [
-            (
-                "tools",
-                json!([{"type": "function", "function": {"name": "f"}}]),
-            ),
-            ("tool_choice", json!("required")),
             ("functions", json!([{"name": "f"}])),
             ("function_call", json!("auto")),
             ("best_of", json!(3)),
@@ -142,11 +135,11 @@ mod tests {
             assert!(e.message.contains(field), "{}", e.message);
         }
         let defaults = json!({
-            "model": "m", "prompt": "hi", "response_format": {"type": "text"}, "tools": [],
-            "tool_choice": "none", "logprobs": false, "top_logprobs": 0, "echo": false,
+            "model": "m", "prompt": "hi", "response_format": {"type": "text"},
+            "logprobs": false, "top_logprobs": 0, "echo": false,
             "presence_penalty": 0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
             "min_p": 0, "logit_bias": {}, "best_of": 1, "suffix": "", "functions": null,
-            "user": "someone", "parallel_tool_calls": true, "metadata": {"a": "b"},
+            "user": "someone", "metadata": {"a": "b"},
         });
         refuse_unsupported(&defaults, Endpoint::Completions).expect("defaults ask for nothing");
     }

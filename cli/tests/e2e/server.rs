@@ -760,14 +760,36 @@ fn bad_input_gets_openai_errors_and_the_server_stays_healthy() {
             "response_format.type: unknown variant `yaml`",
         ),
         (
-            "tools the server would not call",
+            "a tool choice naming no tool",
             "/v1/chat/completions",
             json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                   "tools": [{"type": "function", "function": {"name": "f"}}]})
+                   "tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": {"type": "function", "function": {"name": "g"}}})
                 .to_string()
                 .into_bytes(),
             400,
-            "`tools` is not supported",
+            "tool_choice names no tool of the request: `g`",
+        ),
+        (
+            "a tool whose parameters do not compile",
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                   "tools": [{"type": "function", "function": {"name": "f",
+                              "parameters": {"type": "objekt"}}}]})
+                .to_string()
+                .into_bytes(),
+            400,
+            "does not compile",
+        ),
+        (
+            "the deprecated functions",
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                   "functions": [{"name": "f"}]})
+                .to_string()
+                .into_bytes(),
+            400,
+            "`functions` is not supported",
         ),
         (
             "a field the server does not know",
@@ -1085,5 +1107,75 @@ fn logprobs_biases_and_penalties_through_the_openai_client() {
     let stopped = &r["stopped"]["choices"][0];
     assert_eq!(stopped["text"], "", "{stopped}");
     assert_eq!(stopped["finish_reason"], "stop", "{stopped}");
+    server.assert_healthy();
+}
+
+/// Tool calls through the official client (`tests/tools_client.py`) with two tools at
+/// temperature 0.7: `tool_choice` required and named, streamed and not, answer with
+/// `tool_calls` (finish reason `tool_calls`) whose arguments, streamed deltas joined,
+/// validate against the tool's schema; `parallel_tool_calls: false` gives one call, a named
+/// choice only that tool; `auto` answers with text or valid calls; the conversation goes
+/// on with the calls' results as `tool` messages; a choice naming no tool is a 400.
+#[test]
+fn tool_calls_through_the_openai_client() {
+    let server = Server::start(&[]);
+    let r = python_client("tools_client.py", &server, &[]);
+    eprintln!("{r:#}");
+    for case in [
+        "required",
+        "required_one_streamed",
+        "named",
+        "named_streamed",
+    ] {
+        let c = &r[case];
+        assert_eq!(c["finish_reason"], "tool_calls", "{case}: {c}");
+        let calls = c["calls"].as_array().unwrap();
+        assert!(!calls.is_empty(), "{case}: {c}");
+        for call in calls {
+            assert_eq!(call[2], Value::Null, "{case}: arguments invalid: {call}");
+        }
+        let ids = c["ids"].as_array().unwrap();
+        assert!(
+            ids.iter()
+                .all(|i| i.as_str().is_some_and(|i| i.starts_with("call_"))),
+            "{c}"
+        );
+        if case.starts_with("named") {
+            assert!(
+                calls.iter().all(|call| call[0] == "get_time"),
+                "{case}: {c}"
+            );
+        }
+    }
+    assert_eq!(
+        r["required_one_streamed"]["calls"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let auto = &r["auto"];
+    match auto["finish_reason"].as_str() {
+        Some("tool_calls") => assert!(auto["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c[2].is_null())),
+        _ => assert!(
+            auto["content"].as_str().is_some_and(|t| !t.is_empty()),
+            "{auto}"
+        ),
+    }
+    let after = &r["after_results"];
+    assert!(
+        after["content"].as_str().is_some_and(|t| !t.is_empty()),
+        "{after}"
+    );
+    // The client raises `BadRequestError` with the body's `error` object.
+    assert_eq!(
+        r["unknown_tool"]["param"], "tool_choice",
+        "{}",
+        r["unknown_tool"]
+    );
     server.assert_healthy();
 }

@@ -4,6 +4,7 @@
 //! that does not compile is an error for the caller, never an unconstrained answer.
 
 mod tok_env;
+mod tool_calls;
 
 use std::fmt;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -17,6 +18,7 @@ use lru::LruCache;
 use serde_json::Value;
 
 pub use tok_env::TokenEnv;
+pub use tool_calls::{starts_calls, tool_call_grammar, CallDelta, CallMode, CallReader, ToolSpec};
 
 use crate::tokenizer::Tokenizer;
 

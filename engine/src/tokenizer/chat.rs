@@ -85,6 +85,21 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, Error> {
+        self.render_with(messages, add_generation_prompt, None)
+    }
+
+    /// Whether the template reads a `tools` variable (describes tools to the model).
+    pub fn reads_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
+    /// [`Self::render`] with the tools the model may call as the template's `tools`.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, Error> {
         let mut env = Environment::new();
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
@@ -94,6 +109,7 @@ impl ChatTemplate {
             context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
+                tools => tools,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
             },

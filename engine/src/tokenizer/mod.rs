@@ -274,7 +274,17 @@ impl Tokenizer {
     /// Renders a conversation with the chat template and encodes it (special tokens
     /// parsed), BOS first where the file asks for one and the template did not write it.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
-        let text = self.chat_template()?.render(messages, true)?;
+        self.encode_chat_with_tools(messages, None)
+    }
+
+    /// [`Self::encode_chat`] with the tools the model may call, given to the template as
+    /// `tools` (OpenAI's list of `{"type": "function", "function": {...}}`).
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>, TokenizerError> {
+        let text = self.chat_template()?.render_with(messages, true, tools)?;
         self.encode_prompt(&text, true)
     }
 

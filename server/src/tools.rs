@@ -1,0 +1,461 @@
+//! `tools`, `tool_choice` and `parallel_tool_calls` on the chat route: the calls the model
+//! may make become a grammar (`tool_call_grammar`: a JSON list of calls, each call's
+//! arguments valid for its tool's schema), the tools are described to the model (through
+//! the template's `tools`, or a system message where the template has none), and the
+//! output is read back as OpenAI's `tool_calls`, whole or as streamed deltas whose
+//! argument pieces join into the arguments' JSON.
+
+use fornax_engine::grammar::{
+    starts_calls, tool_call_grammar, CallDelta, CallMode, CallReader, Grammar, ToolSpec,
+};
+use fornax_engine::tokenizer::ChatMessage;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{Message, ToolCallMessage};
+use crate::error::ApiError;
+
+/// One entry of `tools`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: Function,
+}
+
+/// A tool's function.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Function {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<Value>,
+    /// Fornax always enforces the parameters' schema whole.
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}"
+)]
+pub enum ToolChoice {
+    Mode(String),
+    Named { function: NamedFunction },
+}
+
+/// The function `tool_choice` names.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// What a request's tools ask of the generation.
+#[derive(Debug, Clone)]
+pub struct ToolPlan {
+    /// The grammar of the output.
+    pub grammar: Grammar,
+    /// The tools as the template receives them.
+    pub tools: Value,
+    /// A system message describing the tools, where the template does not read them.
+    pub system: Option<String>,
+}
+
+/// The plan for `tools` under `choice` (default `auto`) and `parallel` (default true);
+/// `None` when no tool may be called. `template_reads_tools`: the chat template
+/// describes the tools itself.
+pub fn plan(
+    tools: Option<Vec<Tool>>,
+    choice: Option<ToolChoice>,
+    parallel: Option<bool>,
+    template_reads_tools: bool,
+) -> Result<Option<ToolPlan>, ApiError> {
+    let tools = tools.unwrap_or_default();
+    let bad_choice = |m: String| ApiError::invalid_param("tool_choice", m);
+    let (named, text_allowed) = match &choice {
+        None => (None, true),
+        Some(ToolChoice::Mode(m)) => match m.as_str() {
+            "none" => return Ok(None),
+            "auto" => (None, true),
+            "required" => (None, false),
+            other => {
+                return Err(bad_choice(format!(
+                    "tool_choice `{other}` is not one of none, auto, required or a named function"
+                )))
+            }
+        },
+        Some(ToolChoice::Named { function }) => (Some(function.name.clone()), false),
+    };
+    if tools.is_empty() {
+        return match (named, text_allowed) {
+            (None, true) => Ok(None),
+            _ => Err(bad_choice(
+                "tool_choice asks for a tool call but the request has no tools".into(),
+            )),
+        };
+    }
+    let mut specs: Vec<ToolSpec> = Vec::new();
+    for t in &tools {
+        let f = &t.function;
+        if t.kind != "function" {
+            return Err(ApiError::invalid_param(
+                "tools",
+                format!(
+                    "tools of type `{}` are not supported (only function)",
+                    t.kind
+                ),
+            ));
+        }
+        let name_ok = !f.name.is_empty()
+            && f.name.len() <= 64
+            && f.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !name_ok || specs.iter().any(|s| s.name == f.name) {
+            return Err(ApiError::invalid_param(
+                "tools",
+                format!(
+                    "tool name `{}` must be 1-64 letters, digits, `_` or `-`, and unique",
+                    f.name
+                ),
+            ));
+        }
+        let parameters = match &f.parameters {
+            None => json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "tools",
+                    format!(
+                        "the parameters of `{}` must be a JSON schema object",
+                        f.name
+                    ),
+                ))
+            }
+        };
+        specs.push(ToolSpec {
+            name: f.name.clone(),
+            parameters,
+        });
+    }
+    if let Some(name) = &named {
+        specs.retain(|s| &s.name == name);
+        if specs.is_empty() {
+            return Err(bad_choice(format!(
+                "tool_choice names no tool of the request: `{name}`"
+            )));
+        }
+    }
+    let mode = match (parallel.unwrap_or(true), &named) {
+        (true, None) => CallMode::Several,
+        _ => CallMode::One,
+    };
+    let described: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            json!({"type": "function", "function": {
+                "name": t.function.name,
+                "description": t.function.description,
+                "parameters": t.function.parameters,
+            }})
+        })
+        .collect();
+    let system = (!template_reads_tools).then(|| describe(&tools));
+    Ok(Some(ToolPlan {
+        grammar: tool_call_grammar(&specs, mode, text_allowed),
+        tools: Value::Array(described),
+        system,
+    }))
+}
+
+/// The system message that tells a model whose template has no tools how to call them.
+fn describe(tools: &[Tool]) -> String {
+    let mut s = String::from(
+        "You can call functions. To call them, answer with only a JSON list of calls: \
+         [{\"name\": \"function_name\", \"arguments\": {...}}]. The functions:\n",
+    );
+    for t in tools {
+        let f = &t.function;
+        let params = f.parameters.clone().unwrap_or(json!({}));
+        s.push_str(&format!("- {}", f.name));
+        if let Some(d) = &f.description {
+            s.push_str(&format!(": {d}"));
+        }
+        s.push_str(&format!(" Arguments: {params}\n"));
+    }
+    s
+}
+
+/// The conversation as the template renders it: assistant tool calls written as the
+/// model writes them, tool results as the template's `tool` turns (or, where the
+/// template has no tools, one user turn per run of results), and `system` first.
+pub fn conversation(
+    messages: &[Message],
+    system: Option<&str>,
+    template_reads_tools: bool,
+) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut out: Vec<ChatMessage> = Vec::new();
+    for m in messages {
+        let text = m.text()?;
+        if let Some(calls) = m.tool_calls.as_deref().filter(|c| !c.is_empty()) {
+            out.push(ChatMessage::new(&m.role, &written_calls(calls)));
+            continue;
+        }
+        if m.role == "tool" && !template_reads_tools {
+            let id = m.tool_call_id.as_deref().unwrap_or("a call");
+            let line = format!("Result of {id}: {text}");
+            match out.last_mut() {
+                Some(last) if last.role == "user" && last.content.starts_with("Result of ") => {
+                    last.content.push('\n');
+                    last.content.push_str(&line);
+                }
+                _ => out.push(ChatMessage::new("user", &line)),
+            }
+            continue;
+        }
+        out.push(ChatMessage::new(&m.role, &text));
+    }
+    if let Some(system) = system {
+        match out.first_mut() {
+            Some(first) if first.role == "system" => {
+                first.content = format!("{}\n\n{system}", first.content);
+            }
+            _ => out.insert(0, ChatMessage::new("system", system)),
+        }
+    }
+    Ok(out)
+}
+
+/// Earlier calls as the grammar has the model write them.
+fn written_calls(calls: &[ToolCallMessage]) -> String {
+    let list: Vec<String> = calls
+        .iter()
+        .map(|c| {
+            let args = &c.function.arguments;
+            let args = match serde_json::from_str::<Value>(args) {
+                Ok(v) => v.to_string(),
+                Err(_) => Value::String(args.clone()).to_string(),
+            };
+            format!(
+                "{{\"name\": {}, \"arguments\": {args}}}",
+                Value::String(c.function.name.clone())
+            )
+        })
+        .collect();
+    format!("[{}]", list.join(", "))
+}
+
+/// The id of call `index` of response `response`.
+fn call_id(response: &str, index: usize) -> String {
+    format!("call_{response}_{index}")
+}
+
+/// Whole calls as the message's `tool_calls`.
+pub fn tool_calls(response: &str, calls: &[(String, String)]) -> Value {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, (name, arguments))| {
+            json!({"id": call_id(response, i), "type": "function",
+                   "function": {"name": name, "arguments": arguments}})
+        })
+        .collect()
+}
+
+/// Reads calls whole from a finished output: `None` where it is text.
+pub fn read_calls(text: &str) -> Option<Result<Vec<(String, String)>, String>> {
+    if starts_calls(text) != Some(true) {
+        return None;
+    }
+    let mut reader = CallReader::default();
+    Some(reader.push(text).and_then(|_| reader.finish()))
+}
+
+/// A streamed output of a request with tools: text until it shows it is calls, then the
+/// calls' deltas.
+#[derive(Debug, Clone, Default)]
+pub struct CallStream {
+    /// Text held until its first character shows what it is.
+    held: String,
+    /// Whether the output is calls, once known.
+    calls: Option<bool>,
+    reader: CallReader,
+}
+
+/// What a streamed piece becomes.
+#[derive(Debug, PartialEq)]
+pub enum Streamed {
+    /// Text for `delta.content`.
+    Text(String),
+    /// `delta.tool_calls` entries.
+    Calls(Vec<Value>),
+}
+
+impl CallStream {
+    /// Takes a piece of the output; returns what to stream (nothing while undecided).
+    pub fn push(&mut self, response: &str, piece: &str) -> Result<Option<Streamed>, String> {
+        if self.calls.is_none() {
+            self.held.push_str(piece);
+            self.calls = starts_calls(&self.held);
+            return match self.calls {
+                None => Ok(None),
+                Some(false) => Ok(Some(Streamed::Text(std::mem::take(&mut self.held)))),
+                Some(true) => {
+                    let held = std::mem::take(&mut self.held);
+                    self.deltas(response, &held)
+                }
+            };
+        }
+        match self.calls {
+            Some(true) => self.deltas(response, piece),
+            _ => Ok(Some(Streamed::Text(piece.to_string()))),
+        }
+    }
+
+    fn deltas(&mut self, response: &str, piece: &str) -> Result<Option<Streamed>, String> {
+        let deltas: Vec<Value> = self
+            .reader
+            .push(piece)?
+            .into_iter()
+            .map(|d| match d {
+                CallDelta::Start { index, name } => json!({
+                    "index": index, "id": call_id(response, index), "type": "function",
+                    "function": {"name": name, "arguments": ""},
+                }),
+                CallDelta::Arguments { index, text } => {
+                    json!({"index": index, "function": {"arguments": text}})
+                }
+            })
+            .collect();
+        Ok((!deltas.is_empty()).then_some(Streamed::Calls(deltas)))
+    }
+
+    /// Ends the output: text still held, and whether it was a complete list of calls.
+    pub fn finish(self) -> (String, bool) {
+        let complete = self.calls == Some(true) && self.reader.finish().is_ok();
+        (self.held, complete)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools(v: Value) -> Option<Vec<Tool>> {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn choice(v: Value) -> Option<ToolChoice> {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn choices_become_grammars_and_bad_ones_are_refused_by_name() {
+        let two = json!([
+            {"type": "function", "function": {"name": "a", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "b"}},
+        ]);
+        let lark = |p: ToolPlan| match p.grammar {
+            Grammar::Lark(l) => l,
+            g => panic!("{g:?}"),
+        };
+        let auto = plan(tools(two.clone()), None, None, false)
+            .unwrap()
+            .unwrap();
+        assert!(auto.system.as_deref().unwrap().contains("- a Arguments"));
+        assert!(lark(auto).contains("start: calls | text"));
+        let named = plan(
+            tools(two.clone()),
+            choice(json!({"type": "function", "function": {"name": "b"}})),
+            None,
+            true,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(named.system.is_none());
+        let named = lark(named);
+        assert!(
+            named.contains("\\\"b\\\"") && !named.contains("\\\"a\\\"") && !named.contains("text")
+        );
+        let required = lark(
+            plan(
+                tools(two.clone()),
+                choice(json!("required")),
+                Some(false),
+                false,
+            )
+            .unwrap()
+            .unwrap(),
+        );
+        assert!(required.contains("calls: \"[\" call \"]\""));
+        assert!(plan(tools(two.clone()), choice(json!("none")), None, false)
+            .unwrap()
+            .is_none());
+        assert!(plan(None, None, None, false).unwrap().is_none());
+        for (t, c, param) in [
+            (
+                two.clone(),
+                json!({"type": "function", "function": {"name": "zz"}}),
+                "tool_choice",
+            ),
+            (json!([]), json!("required"), "tool_choice"),
+            (two.clone(), json!("sometimes"), "tool_choice"),
+            (
+                json!([{"type": "retrieval", "function": {"name": "a"}}]),
+                json!("auto"),
+                "tools",
+            ),
+            (
+                json!([{"type": "function", "function": {"name": "a b"}}]),
+                json!("auto"),
+                "tools",
+            ),
+            (
+                json!([{"type": "function", "function": {"name": "a", "parameters": 3}}]),
+                json!("auto"),
+                "tools",
+            ),
+        ] {
+            let e = plan(tools(t), choice(c.clone()), None, false).expect_err(&c.to_string());
+            assert_eq!(e.param.as_deref(), Some(param), "{c}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn a_stream_of_calls_becomes_openai_deltas_and_text_stays_text() {
+        let mut s = CallStream::default();
+        let mut deltas = Vec::new();
+        for piece in [
+            " ",
+            "[{\"na",
+            "me\": \"f\", \"arguments\": {\"x\"",
+            ": 1}}",
+            "]",
+        ] {
+            if let Some(Streamed::Calls(d)) = s.push("r", piece).unwrap() {
+                deltas.extend(d);
+            }
+        }
+        assert_eq!(deltas[0]["id"], "call_r_0");
+        assert_eq!(deltas[0]["function"]["name"], "f");
+        let args: String = deltas
+            .iter()
+            .map(|d| d["function"]["arguments"].as_str().unwrap())
+            .collect();
+        assert_eq!(args, "{\"x\": 1}");
+        assert_eq!(s.finish(), (String::new(), true));
+        let mut t = CallStream::default();
+        assert_eq!(
+            t.push("r", "Hi").unwrap(),
+            Some(Streamed::Text("Hi".into()))
+        );
+        assert_eq!(
+            t.push("r", "[x").unwrap(),
+            Some(Streamed::Text("[x".into()))
+        );
+        assert!(!t.finish().1);
+    }
+}
