@@ -1,12 +1,14 @@
 """The official `openai` Python client asking `fornax serve` for structured outputs: a
 chat completion under a JSON schema (streamed and not) and a completion in JSON mode, at
-temperature 0.7. Each output is parsed and validated with `jsonschema`. Prints one JSON
-object for the Rust test to check.
+temperature 0.7, then vLLM's `structured_outputs` (a regex, a list of choices). Each JSON
+output is parsed and validated with `jsonschema`. Prints one JSON object for the Rust
+test to check.
 
 Usage: structured_client.py BASE_URL MODEL
 """
 
 import json
+import re
 import sys
 
 import jsonschema
@@ -61,4 +63,21 @@ for name, text, finish, want in results:
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     out.append({"name": name, "text": text, "finish_reason": finish, "error": error})
+
+# vLLM's structured_outputs: a regex on completions, a list of choices on chat.
+regex = client.completions.create(
+    model=model, prompt="A phone number:", max_tokens=20, temperature=0.7, seed=4,
+    extra_body={"structured_outputs": {"regex": "[0-9]{3}-[0-9]{4}"}},
+)
+text = regex.choices[0].text
+error = None if re.fullmatch("[0-9]{3}-[0-9]{4}", text) else f"no match: {text!r}"
+out.append({"name": "completion regex", "text": text, "finish_reason": regex.choices[0].finish_reason, "error": error})
+choices = ["positive", "negative", "neutral"]
+choice = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Is 'I love it' positive or negative?"}],
+    max_tokens=20, temperature=0.7, seed=5, extra_body={"structured_outputs": {"choice": choices}},
+)
+text = choice.choices[0].message.content
+error = None if text in choices else f"not a choice: {text!r}"
+out.append({"name": "chat choice", "text": text, "finish_reason": choice.choices[0].finish_reason, "error": error})
 print(json.dumps(out))

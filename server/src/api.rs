@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::response_format::ResponseFormat;
+use crate::response_format::{ResponseFormat, StructuredOutputs};
 use crate::tools::{Tool, ToolChoice};
 pub use crate::unsupported::Endpoint;
 
@@ -138,6 +138,8 @@ pub struct GenerationParams {
     /// Fornax extension: the QoS class, 0 (interactive, served first) .. 3 (batch).
     pub priority: Option<i64>,
     pub response_format: Option<ResponseFormat>,
+    /// vLLM's extension: a regex, a Lark grammar, a JSON schema or a list of choices.
+    pub structured_outputs: Option<StructuredOutputs>,
     /// Token ids that end the output (a vLLM extension), besides the model's own.
     pub stop_token_ids: Option<Vec<u32>>,
     pub presence_penalty: Option<f32>,

@@ -68,6 +68,15 @@ impl Job {
             Some(format) => format.grammar()?.map(|g| (g, "response_format")),
             None => None,
         };
+        let grammar = match (grammar, params.structured_outputs.take()) {
+            (None, None) => None,
+            (Some(g), None) => Some(g),
+            (None, Some(s)) => Some((s.grammar()?, "structured_outputs")),
+            (Some(_), Some(_)) => return Err(ApiError::invalid_param(
+                "structured_outputs",
+                "response_format and structured_outputs cannot be used together (send one grammar)",
+            )),
+        };
         if params.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
         }
@@ -158,7 +167,8 @@ impl Job {
         if self.grammar.is_some() {
             return Err(ApiError::invalid_param(
                 "response_format",
-                "response_format and tools cannot be used together (send one grammar)",
+                "response_format or structured_outputs and tools cannot be used together \
+                 (send one grammar)",
             ));
         }
         self.grammar = Some((plan.grammar, "tools"));

@@ -51,6 +51,56 @@ impl ResponseFormat {
     }
 }
 
+/// vLLM's `structured_outputs` (sent with OpenAI clients through `extra_body`): exactly
+/// one of a JSON schema, a regex, a Lark grammar (llguidance's dialect) or a list of
+/// choices the whole output must be one of.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructuredOutputs {
+    pub json: Option<Value>,
+    pub regex: Option<String>,
+    pub grammar: Option<String>,
+    pub choice: Option<Vec<String>>,
+}
+
+impl StructuredOutputs {
+    /// The grammar it asks for.
+    pub fn grammar(self) -> Result<Grammar, ApiError> {
+        let bad = |m: &str| ApiError::invalid_param("structured_outputs", m.to_string());
+        let given = [
+            self.json.is_some(),
+            self.regex.is_some(),
+            self.grammar.is_some(),
+            self.choice.is_some(),
+        ];
+        if given.iter().filter(|&&g| g).count() != 1 {
+            return Err(bad(
+                "structured_outputs takes exactly one of json, regex, grammar and choice",
+            ));
+        }
+        Ok(match self {
+            Self { json: Some(s), .. } => Grammar::JsonSchema(s),
+            Self { regex: Some(r), .. } => Grammar::Regex(r),
+            Self {
+                grammar: Some(g), ..
+            } => Grammar::Lark(g),
+            Self {
+                choice: Some(c), ..
+            } => {
+                if c.is_empty() {
+                    return Err(bad("structured_outputs.choice must not be empty"));
+                }
+                let alternatives: Vec<String> = c
+                    .iter()
+                    .map(|s| Value::String(s.clone()).to_string())
+                    .collect();
+                Grammar::Lark(format!("start: {}\n", alternatives.join(" | ")))
+            }
+            _ => unreachable!("one field is given"),
+        })
+    }
+}
+
 /// Compiles `grammar` on a blocking thread within [`COMPILE_DEADLINE`]; a failure is a
 /// 400 naming `param`, the field the grammar came from.
 pub async fn compile(
@@ -68,5 +118,38 @@ pub async fn compile(
         Ok(Err(e)) => Err(refused(format!("the schema compiler failed: {e}"))),
         Ok(Ok(Err(e))) => Err(refused(e.to_string())),
         Ok(Ok(Ok(constraint))) => Ok(constraint),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn structured_outputs_take_exactly_one_grammar() {
+        let parse = |v: Value| {
+            serde_json::from_value::<StructuredOutputs>(v)
+                .unwrap()
+                .grammar()
+        };
+        assert_eq!(
+            parse(json!({"choice": ["yes", "no \"maybe\""]})).unwrap(),
+            Grammar::Lark("start: \"yes\" | \"no \\\"maybe\\\"\"\n".into())
+        );
+        assert_eq!(
+            parse(json!({"regex": "[a-z]+"})).unwrap(),
+            Grammar::Regex("[a-z]+".into())
+        );
+        for bad in [
+            json!({}),
+            json!({"regex": "a", "grammar": "start: \"a\""}),
+            json!({"choice": []}),
+        ] {
+            let e = parse(bad.clone()).expect_err(&bad.to_string());
+            assert_eq!(e.param.as_deref(), Some("structured_outputs"));
+        }
+        assert!(serde_json::from_value::<StructuredOutputs>(json!({"ebnf": "x"})).is_err());
     }
 }

@@ -20,7 +20,7 @@ const FIELDS: [(&str, &str); 4] = [
 ];
 
 /// Fields both routes read.
-const COMMON: [&str; 21] = [
+const COMMON: [&str; 22] = [
     "model",
     "max_tokens",
     "temperature",
@@ -35,6 +35,7 @@ const COMMON: [&str; 21] = [
     "stream_options",
     "priority",
     "response_format",
+    "structured_outputs",
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",

@@ -993,13 +993,14 @@ fn connections_beyond_the_limit_wait_until_one_closes() {
 
 /// `response_format` through the official client (`tests/structured_client.py`): a JSON
 /// schema on the chat route, streamed and not, and JSON mode on completions, sampled at
-/// temperature 0.7; every output parses and validates and ends with `stop`.
+/// temperature 0.7; then `structured_outputs` with a regex and with choices; every output
+/// parses and validates (or matches) and ends with `stop`.
 #[test]
 fn response_formats_hold_through_the_openai_client() {
     let server = Server::start(&[]);
     let results = python_client("structured_client.py", &server, &[]);
     let results = results.as_array().expect("a list");
-    assert_eq!(results.len(), 3);
+    assert_eq!(results.len(), 5);
     for r in results {
         eprintln!("{}: {}", r["name"], r["text"]);
         assert_eq!(r["error"], Value::Null, "{r}");
