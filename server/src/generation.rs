@@ -10,7 +10,7 @@ use fornax_engine::sampling::{SamplingParams, TokenLogprobs};
 use fornax_engine::sched::{FinishReason, RequestId};
 use fornax_engine::Request;
 use metrics::{counter, histogram};
-use serde_json::{json, Value};
+
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::access::Caller;
@@ -26,13 +26,16 @@ use crate::text::StopText;
 use crate::tools::ToolPlan;
 use crate::AppState;
 
+/// The most choices one request may ask for.
+pub const MAX_CHOICES: usize = 16;
+
 /// QoS class of requests that give no `priority`.
 pub const DEFAULT_PRIORITY: u8 = 1;
 /// Highest QoS class (batch).
 const LOWEST_PRIORITY: i64 = 3;
 
 /// A validated request.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Job {
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
@@ -48,6 +51,8 @@ pub struct Job {
     pub stops: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate (`n`), each drawn with its own seed.
+    pub n: usize,
     /// The grammar the output must match, compiled when the job starts, and the field
     /// it came from.
     pub grammar: Option<(Grammar, &'static str)>,
@@ -77,8 +82,12 @@ impl Job {
                 "response_format and structured_outputs cannot be used together (send one grammar)",
             )),
         };
-        if params.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid_param("n", "only n = 1 is supported"));
+        let n = params.n.unwrap_or(1);
+        if !(1..=MAX_CHOICES).contains(&n) {
+            return Err(ApiError::invalid_param(
+                "n",
+                format!("n must be 1 to {MAX_CHOICES}"),
+            ));
         }
         if prompt.is_empty() {
             return Err(ApiError::invalid_param("prompt", "the prompt is empty"));
@@ -157,9 +166,17 @@ impl Job {
             stops: params.stop.map(|s| s.strings()).unwrap_or_default(),
             stream: params.stream,
             include_usage: params.stream_options.is_some_and(|o| o.include_usage),
+            n,
             grammar,
             tools: false,
         })
+    }
+
+    /// Choice `i` of the job: its seed moved on by `i`.
+    pub fn choice(&self, i: usize) -> Self {
+        let mut job = self.clone();
+        job.sampling.seed = job.sampling.seed.wrapping_add(i as u64);
+        job
     }
 
     /// Asks for the output `plan` allows (tool calls or text).
@@ -208,6 +225,8 @@ pub struct Generation {
     state: Arc<AppState>,
     id: RequestId,
     updates: UnboundedReceiver<Update>,
+    /// Updates received early (while waiting for the first token).
+    early: std::collections::VecDeque<Update>,
     /// The queue place, held until the first token.
     slot: Option<QueueSlot>,
     text: StopText,
@@ -274,6 +293,7 @@ impl Generation {
             state,
             id,
             updates,
+            early: Default::default(),
             slot: Some(slot),
             text: StopText::new(job.stops),
             logprobs: Vec::new(),
@@ -306,7 +326,11 @@ impl Generation {
             return Piece::Failed("the generation has ended".into());
         }
         loop {
-            match self.updates.recv().await {
+            let update = match self.early.pop_front() {
+                Some(u) => Some(u),
+                None => self.updates.recv().await,
+            };
+            match update {
                 Some(Update::Token(token, logprobs)) => {
                     self.on_token();
                     if self.stop_ids.contains(&token) {
@@ -346,13 +370,24 @@ impl Generation {
         }
     }
 
-    /// Token counts as OpenAI reports them.
-    pub fn usage(&self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        })
+    /// Waits until the engine has computed the prompt (its first token came, or it
+    /// ended): a request sharing the prompt submitted now reuses its KV blocks.
+    pub async fn prompt_computed(&mut self) {
+        loop {
+            let Some(update) = self.updates.recv().await else {
+                return;
+            };
+            let done = !matches!(update, Update::Accepted(_));
+            self.early.push_back(update);
+            if done {
+                return;
+            }
+        }
+    }
+
+    /// Tokens of the prompt and generated so far.
+    pub fn tokens(&self) -> (usize, usize) {
+        (self.prompt_tokens, self.completion_tokens)
     }
 
     fn on_token(&mut self) {

@@ -14,7 +14,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fornax_engine::tokenizer::Tokenizer;
-use futures_util::stream::{self, Stream};
+use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
 use crate::access::Caller;
@@ -30,6 +30,8 @@ use crate::AppState;
 #[derive(Debug, Clone)]
 struct Envelope {
     endpoint: Endpoint,
+    /// The choice this envelope's chunks are for.
+    index: usize,
     id: String,
     created: u64,
     model: String,
@@ -52,6 +54,7 @@ impl Envelope {
         };
         Self {
             endpoint,
+            index: 0,
             id: format!("{prefix}-{n}"),
             created: unix_now(),
             model: state.model.name.clone(),
@@ -73,38 +76,59 @@ impl Envelope {
         }
     }
 
-    /// A whole response (`stream: false`).
-    fn response(&mut self, text: &str, reason: &str, usage: Value, entries: &[Logprob]) -> Value {
+    /// This envelope for choice `index`.
+    fn for_choice(&self, index: usize) -> Self {
+        Self {
+            index,
+            ..self.clone()
+        }
+    }
+
+    /// A whole response (`stream: false`) with `choices`.
+    fn response(&self, choices: Vec<Value>, usage: Value) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion",
+        };
+        self.wrap(object, choices, Some(usage))
+    }
+
+    /// This choice of a whole response.
+    fn choice(&mut self, text: &str, reason: &str, entries: &[Logprob]) -> Value {
         let logprobs = self.logprobs(entries);
         let calls = self.calls.as_ref().and_then(|_| tools::read_calls(text));
-        let (object, choice) = match (self.endpoint, calls) {
-            (Endpoint::Completions, _) => {
-                ("text_completion", text_choice(text, Some(reason), logprobs))
+        match (self.endpoint, calls) {
+            (Endpoint::Completions, _) => text_choice(self.index, text, Some(reason), logprobs),
+            (Endpoint::Chat, Some(Ok(calls))) => {
+                json!({"index": self.index, "message": {"role": "assistant", "content": null,
+                       "tool_calls": tools::tool_calls(&self.call_prefix(), &calls)},
+                       "logprobs": logprobs, "finish_reason": "tool_calls"})
             }
-            (Endpoint::Chat, Some(Ok(calls))) => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": null,
-                       "tool_calls": tools::tool_calls(&self.id, &calls)},
-                       "logprobs": logprobs, "finish_reason": "tool_calls"}),
-            ),
-            (Endpoint::Chat, _) => (
-                "chat.completion",
-                json!({"index": 0, "message": {"role": "assistant", "content": text},
-                       "logprobs": logprobs, "finish_reason": reason}),
-            ),
-        };
-        self.wrap(object, vec![choice], Some(usage))
+            (Endpoint::Chat, _) => {
+                json!({"index": self.index, "message": {"role": "assistant", "content": text},
+                       "logprobs": logprobs, "finish_reason": reason})
+            }
+        }
+    }
+
+    /// What this choice's call ids start with.
+    fn call_prefix(&self) -> String {
+        match self.index {
+            0 => self.id.clone(),
+            i => format!("{}-{i}", self.id),
+        }
     }
 
     /// The chunk for a streamed piece of the output with its tokens' `entries`: text, or
     /// tool-call deltas where the output is calls; none while a request with tools has
     /// not shown which.
     fn piece(&mut self, text: &str, entries: Vec<Logprob>) -> Result<Option<Value>, String> {
+        let prefix = self.call_prefix();
         let Some(calls) = self.calls.as_mut() else {
             return Ok(Some(self.chunk(text, None, &entries)));
         };
         self.held.extend(entries);
-        let streamed = calls.push(&self.id, text)?;
+        let streamed = calls.push(&prefix, text)?;
         let entries = match streamed {
             None => return Ok(None),
             Some(_) => std::mem::take(&mut self.held),
@@ -116,7 +140,7 @@ impl Envelope {
                     true => Value::Null,
                     false => self.logprobs(&entries),
                 };
-                let choice = json!({"index": 0, "delta": {"tool_calls": deltas},
+                let choice = json!({"index": self.index, "delta": {"tool_calls": deltas},
                                     "logprobs": logprobs, "finish_reason": null});
                 Some(self.wrap(self.chunk_object(), vec![choice], None))
             }
@@ -151,13 +175,13 @@ impl Envelope {
             false => self.logprobs(entries),
         };
         let choice = match self.endpoint {
-            Endpoint::Completions => text_choice(text, reason, logprobs),
+            Endpoint::Completions => text_choice(self.index, text, reason, logprobs),
             Endpoint::Chat => {
                 let delta = match reason {
                     Some(_) if text.is_empty() => json!({}),
                     _ => json!({"content": text}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
+                json!({"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
             }
         };
         self.wrap(self.chunk_object(), vec![choice], None)
@@ -165,7 +189,7 @@ impl Envelope {
 
     /// The chat stream's first chunk, naming the role.
     fn role_chunk(&self) -> Value {
-        let choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""},
+        let choice = json!({"index": self.index, "delta": {"role": "assistant", "content": ""},
                             "logprobs": null, "finish_reason": null});
         self.wrap(self.chunk_object(), vec![choice], None)
     }
@@ -196,8 +220,8 @@ impl Envelope {
 }
 
 /// A completion choice (whole or streamed).
-fn text_choice(text: &str, reason: Option<&str>, logprobs: Value) -> Value {
-    json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason})
+fn text_choice(index: usize, text: &str, reason: Option<&str>, logprobs: Value) -> Value {
+    json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason})
 }
 
 /// Seconds since the Unix epoch (OpenAI's `created`).
@@ -308,7 +332,8 @@ pub async fn chat(
 pub const PRIORITY_HEADER: &str = "x-fornax-priority";
 
 /// Runs `job` and answers it, whole or streamed; `echo` (completions) comes before the
-/// generated text.
+/// generated text. With `n` > 1 the first choice runs until its prompt is computed, then
+/// the others start and reuse its prompt's KV blocks through the prefix cache.
 async fn respond(
     state: Arc<AppState>,
     job: Job,
@@ -318,62 +343,92 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     let (stream, include_usage) = (job.stream, job.include_usage);
     let class = [(PRIORITY_HEADER, job.qos.to_string())];
-    let mut envelope = Envelope::new(&state, endpoint, &job);
-    let mut generation = Generation::start(state, job, arrived).await?;
-    let mut text = echo.unwrap_or_default();
+    let envelope = Envelope::new(&state, endpoint, &job);
+    let mut first = Generation::start(state.clone(), job.choice(0), arrived).await?;
+    if job.n > 1 {
+        first.prompt_computed().await;
+    }
+    let mut generations = vec![first];
+    for i in 1..job.n {
+        generations.push(Generation::start(state.clone(), job.choice(i), arrived).await?);
+    }
+    let echo = echo.unwrap_or_default();
     if stream {
-        let events = events(generation, envelope, include_usage, text);
+        let events = events(generations, envelope, include_usage, echo);
         return Ok((class, Sse::new(events)).into_response());
     }
-    let mut entries = Vec::new();
-    loop {
-        match generation.next().await {
-            Piece::Text { text: t, logprobs } => {
-                text.push_str(&t);
-                entries.extend(logprobs);
+    let mut choices = Vec::new();
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    for (i, mut generation) in generations.into_iter().enumerate() {
+        let mut envelope = envelope.for_choice(i);
+        let mut text = echo.clone();
+        let mut entries = Vec::new();
+        loop {
+            match generation.next().await {
+                Piece::Text { text: t, logprobs } => {
+                    text.push_str(&t);
+                    entries.extend(logprobs);
+                }
+                Piece::Done {
+                    text: rest,
+                    reason,
+                    logprobs,
+                } => {
+                    text.push_str(&rest);
+                    entries.extend(logprobs);
+                    choices.push(envelope.choice(&text, reason, &entries));
+                    break;
+                }
+                Piece::Failed(message) => return Err(ApiError::internal(message)),
             }
-            Piece::Done {
-                text: rest,
-                reason,
-                logprobs,
-            } => {
-                text.push_str(&rest);
-                entries.extend(logprobs);
-                let body = envelope.response(&text, reason, generation.usage(), &entries);
-                return Ok((class, Json(body)).into_response());
-            }
-            Piece::Failed(message) => return Err(ApiError::internal(message)),
         }
+        let (p, c) = generation.tokens();
+        prompt_tokens = p;
+        completion_tokens += c;
     }
+    let body = envelope.response(choices, usage(prompt_tokens, completion_tokens));
+    Ok((class, Json(body)).into_response())
 }
 
-/// The server-sent events of a streamed response (after `echo`, if not empty), ending
-/// with `data: [DONE]`. When the client disconnects the stream is dropped, and with it the
-/// generation (cancelled).
-fn events(
+/// Token counts as OpenAI reports them (the prompt once, every choice's output).
+fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    })
+}
+
+/// What one choice's stream yields: an event's data, or its end with its token counts.
+enum Out {
+    Data(String),
+    End(usize, usize),
+}
+
+/// One choice's chunks (after its role chunk and `echo`), then its end.
+fn choice_events(
     generation: Generation,
     mut envelope: Envelope,
-    include_usage: bool,
     echo: String,
-) -> impl Stream<Item = Result<Event, Infallible>> {
+) -> impl Stream<Item = Out> {
     let mut queue = VecDeque::new();
     if envelope.endpoint == Endpoint::Chat {
-        queue.push_back(envelope.role_chunk().to_string());
+        queue.push_back(Out::Data(envelope.role_chunk().to_string()));
     }
     if !echo.is_empty() {
-        queue.push_back(envelope.chunk(&echo, None, &[]).to_string());
+        queue.push_back(Out::Data(envelope.chunk(&echo, None, &[]).to_string()));
     }
     stream::unfold(
         (generation, envelope, queue, false),
         move |(mut generation, mut envelope, mut queue, mut done)| async move {
             loop {
-                if let Some(data) = queue.pop_front() {
-                    let event = Event::default().data(data);
-                    return Some((Ok(event), (generation, envelope, queue, done)));
+                if let Some(out) = queue.pop_front() {
+                    return Some((out, (generation, envelope, queue, done)));
                 }
                 if done {
                     return None;
                 }
+                let data = |v: Value| Out::Data(v.to_string());
                 let (text, logprobs, end) = match generation.next().await {
                     Piece::Text { text, logprobs } => (text, logprobs, None),
                     Piece::Done {
@@ -382,33 +437,69 @@ fn events(
                         logprobs,
                     } => (text, logprobs, Some(reason)),
                     Piece::Failed(message) => {
-                        queue.push_back(ApiError::internal(message).body().to_string());
-                        queue.push_back("[DONE]".into());
+                        queue.push_back(data(ApiError::internal(message).body()));
                         done = true;
                         continue;
                     }
                 };
                 if !text.is_empty() || !logprobs.is_empty() {
                     match envelope.piece(&text, logprobs) {
-                        Ok(chunk) => queue.extend(chunk.map(|c| c.to_string())),
+                        Ok(chunk) => queue.extend(chunk.map(data)),
                         Err(e) => {
                             let message = format!("the tool calls did not parse: {e}");
-                            queue.push_back(ApiError::internal(message).body().to_string());
-                            queue.push_back("[DONE]".into());
+                            queue.push_back(data(ApiError::internal(message).body()));
                             done = true;
                             continue;
                         }
                     }
                 }
-                match end {
-                    None => {}
-                    Some(reason) => {
-                        queue.extend(envelope.finish(reason).iter().map(Value::to_string));
+                if let Some(reason) = end {
+                    queue.extend(envelope.finish(reason).into_iter().map(data));
+                    let (p, c) = generation.tokens();
+                    queue.push_back(Out::End(p, c));
+                    done = true;
+                }
+            }
+        },
+    )
+}
+
+/// The server-sent events of a streamed response: every choice's chunks as they come,
+/// then the usage (with `include_usage`) and `data: [DONE]`. When the client disconnects
+/// the stream is dropped, and with it the generations (cancelled).
+fn events(
+    generations: Vec<Generation>,
+    envelope: Envelope,
+    include_usage: bool,
+    echo: String,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let choices = generations
+        .into_iter()
+        .enumerate()
+        .map(|(i, g)| Box::pin(choice_events(g, envelope.for_choice(i), echo.clone())));
+    let merged = stream::select_all(choices);
+    let tail = VecDeque::new();
+    stream::unfold(
+        (merged, envelope, tail, (0, 0), false),
+        move |(mut merged, envelope, mut tail, mut tokens, mut ended)| async move {
+            loop {
+                if let Some(data) = tail.pop_front() {
+                    let event = Event::default().data(data);
+                    return Some((Ok(event), (merged, envelope, tail, tokens, ended)));
+                }
+                if ended {
+                    return None;
+                }
+                match merged.next().await {
+                    Some(Out::Data(data)) => tail.push_back(data),
+                    Some(Out::End(p, c)) => tokens = (p, tokens.1 + c),
+                    None => {
                         if include_usage {
-                            queue.push_back(envelope.usage_chunk(generation.usage()).to_string());
+                            let usage = usage(tokens.0, tokens.1);
+                            tail.push_back(envelope.usage_chunk(usage).to_string());
                         }
-                        queue.push_back("[DONE]".into());
-                        done = true;
+                        tail.push_back("[DONE]".into());
+                        ended = true;
                     }
                 }
             }

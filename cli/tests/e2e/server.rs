@@ -1180,3 +1180,66 @@ fn tool_calls_through_the_openai_client() {
     );
     server.assert_healthy();
 }
+
+/// `n` = 3 on the chat route, whole and streamed (with usage), sampled: three choices
+/// indexed 0 to 2, each ending with its own finish reason; the usage counts the prompt
+/// once and every choice's tokens; choices 1 and 2 reuse the prompt's full KV blocks
+/// (the prefix cache's hit tokens grow by at least their two prompts' full blocks).
+#[test]
+fn several_choices_share_the_prompt() {
+    let server = Server::start(&[]);
+    let question = "Explain, in a few sentences, why the sky looks blue on a clear day \
+                    and why sunsets are red, orange and pink instead. Mention Rayleigh \
+                    scattering, the path of light through the atmosphere, and dust.";
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": question}],
+                      "n": 3, "max_tokens": 8, "temperature": 1.0, "seed": 5});
+    let hits = |s: &Server| s.metrics().value("fornax_prefix_hit_tokens_total", &[]);
+    let before = hits(&server);
+    let (status, r) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{r}");
+    let choices = r["choices"].as_array().unwrap();
+    let indices: Vec<u64> = choices
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, [0, 1, 2]);
+    let prompt = r["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        prompt >= 64,
+        "a prompt of two full blocks at least: {prompt}"
+    );
+    let full_blocks = (prompt - 1) / 32 * 32;
+    let reused = hits(&server) - before;
+    assert!(
+        reused >= 2.0 * full_blocks as f64,
+        "{reused} of {full_blocks} per choice"
+    );
+    let texts: Vec<&str> = choices
+        .iter()
+        .map(|c| c["message"]["content"].as_str().unwrap())
+        .collect();
+    assert!(
+        texts[0] != texts[1] || texts[1] != texts[2],
+        "seeds differ: {texts:?}"
+    );
+    assert!(r["usage"]["completion_tokens"].as_u64().unwrap() >= 3);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let chunks = server.stream("/v1/chat/completions", &streamed).rest();
+    let mut finished = [0; 3];
+    let mut text = vec![String::new(); 3];
+    for c in &chunks {
+        for choice in c["choices"].as_array().into_iter().flatten() {
+            let i = choice["index"].as_u64().unwrap() as usize;
+            text[i].push_str(choice["delta"]["content"].as_str().unwrap_or(""));
+            finished[i] += usize::from(choice["finish_reason"].is_string());
+        }
+    }
+    assert_eq!(finished, [1, 1, 1], "{chunks:?}");
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["prompt_tokens"].as_u64(), Some(prompt));
+    assert_eq!(text, texts, "the same seeds give the same choices streamed");
+    server.assert_healthy();
+}
