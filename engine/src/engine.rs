@@ -90,6 +90,10 @@ pub struct Engine<'m, B: EngineBackend> {
     speculation: Option<Speculation<B>>,
     /// Speculation's counters.
     pub spec_stats: SpecStats,
+    /// Whether a grammar's forced tokens are written without sampling (on by default).
+    force_tokens: bool,
+    /// Tokens written so.
+    pub forced_tokens: u64,
 }
 
 impl<'m, B: EngineBackend> Engine<'m, B> {
@@ -114,7 +118,16 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             last_batch: (0, 0),
             speculation: None,
             spec_stats: SpecStats::default(),
+            force_tokens: true,
+            forced_tokens: 0,
         }
+    }
+
+    /// Samples every token of a constrained request, even those its grammar forces
+    /// (which are otherwise written without sampling, several in one pass).
+    pub fn without_forced_tokens(mut self) -> Self {
+        self.force_tokens = false;
+        self
     }
 
     /// Turns on speculative decoding: each step, decoding requests draft up to
@@ -199,23 +212,16 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
     }
 
     /// Drafts for the requests that decode next (their context computed but the last
-    /// token) and have at least two tokens to go.
+    /// token) and have at least two tokens to go: the tokens a grammar forces (with
+    /// forcing on), and the proposer's drafts (with speculation on) for the others.
     fn propose(&mut self) -> HashMap<RequestId, Vec<u32>> {
-        let Some(spec) = self.speculation.as_mut() else {
-            return HashMap::new();
-        };
+        let mut drafts = HashMap::new();
         let mut ids = Vec::new();
         let mut requests = Vec::new();
         for r in self.sched.entries() {
             let Some(seq) = r.seq else { continue };
             let to_go = r.max_tokens - r.generated();
             if r.pending() != 1 || to_go < 2 {
-                continue;
-            }
-            let decoding = self.decoding.get_mut(&r.id).expect("in flight");
-            // A request chosen on the host decodes token by token: each token needs the
-            // mask (or penalties) after the one before.
-            if !decoding.acceptance.wants_draft() || decoding.hosted() {
                 continue;
             }
             // The pass's rows all see the tiers of its first row's length: a draft stops
@@ -228,6 +234,27 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 .policy()
                 .next_change(start)
                 .map_or(usize::MAX, |t| t - start - 1);
+            let longest = (to_go - 1).min(before_ageing);
+            let decoding = self.decoding.get_mut(&r.id).expect("in flight");
+            if decoding.hosted() {
+                // Only a grammar's forced tokens: the other tokens of a request chosen on
+                // the host each need the mask (or penalties) after the one before.
+                let forcing = self.force_tokens && decoding.logprobs.is_none();
+                if let Some(c) = decoding.constraint.as_mut().filter(|_| forcing) {
+                    let mut forced = c.forced();
+                    forced.truncate(longest);
+                    if !forced.is_empty() {
+                        drafts.insert(r.id, forced);
+                    }
+                }
+                continue;
+            }
+            let Some(spec) = self.speculation.as_ref() else {
+                continue;
+            };
+            if !decoding.acceptance.wants_draft() {
+                continue;
+            }
             let max = decoding
                 .acceptance
                 .draft_len(spec.config.tokens.min(to_go - 1))
@@ -242,14 +269,11 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 max,
             });
         }
-        if requests.is_empty() {
-            return HashMap::new();
+        if let (Some(spec), false) = (self.speculation.as_mut(), requests.is_empty()) {
+            let proposed = spec.proposer.propose(self.model, &mut self.kv, &requests);
+            drafts.extend(ids.into_iter().zip(proposed).filter(|(_, d)| !d.is_empty()));
         }
-        let drafts = spec.proposer.propose(self.model, &mut self.kv, &requests);
-        ids.into_iter()
-            .zip(drafts)
-            .filter(|(_, d)| !d.is_empty())
-            .collect()
+        drafts
     }
 
     /// Runs one step: drafts (with speculation on), plans the batch, runs it through the
@@ -331,11 +355,16 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 for _ in 0..tokens.len() {
                     d.sampler.draw();
                 }
-                if s.drafted > 0 {
+                if s.drafted > 0 && d.constraint.is_some() {
+                    self.forced_tokens += *accepted as u64;
+                }
+                if s.drafted > 0 && d.constraint.is_none() {
                     d.acceptance.record(s.drafted, *accepted, plan.batch.len());
                     self.spec_stats.proposed += s.drafted as u64;
                     self.spec_stats.accepted += *accepted as u64;
                     self.spec_stats.verifications += 1;
+                }
+                if s.drafted > 0 {
                     // The rejected drafted tokens' keys and values are taken back.
                     let len = self.kv.len(s.seq)? - (s.drafted - accepted);
                     self.kv.truncate(s.seq, len)?;
@@ -379,7 +408,9 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
     /// has (`1 + drafted`, in batch order), each row drawn with the next draw of the
     /// request's generator; picked on the device where the backend can (one id read back
     /// per row), on the host for requests that need it ([`Decoding::hosted`]), with their
-    /// log-probabilities where asked.
+    /// log-probabilities where asked. A constrained request's draft is the tokens its
+    /// grammar forces: they are taken as they are, and only its last row is sampled,
+    /// under the mask after them.
     #[allow(clippy::type_complexity)]
     fn pick(
         &mut self,
@@ -392,7 +423,14 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             let d = self.decoding.get_mut(&s.id).expect("in flight");
             // A mask that fails leaves the row free; consuming the token then fails the
             // request.
-            if let Some(mask) = d.constraint.as_mut().and_then(|c| c.mask().ok()) {
+            let Some(c) = d.constraint.as_mut() else {
+                continue;
+            };
+            let mask = match s.drafted {
+                0 => c.mask(),
+                _ => c.mask_after(s.draft()),
+            };
+            if let Ok(mask) = mask {
                 masks.insert(s.id, mask);
             }
         }
@@ -403,16 +441,26 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         for s in batch {
             let n = 1 + s.drafted;
             if s.samples {
-                rows.extend(row..row + n);
                 let d = &self.decoding[&s.id];
-                samplers.extend(sampler_chain(&d.sampler, n));
-                // Hosted requests have no drafts: one row.
+                let mut chain = sampler_chain(&d.sampler, n);
+                // Hosted requests have one row, or forced tokens and one row to sample.
                 let host = d.hosted().then(|| HostRow {
                     mask: masks.remove(&s.id),
                     history: Some(&d.history),
                     logprobs: d.logprobs,
                 });
-                hosted.extend(std::iter::repeat_n(host, n));
+                match host {
+                    Some(host) => {
+                        rows.push(row + n - 1);
+                        samplers.push(chain.pop().expect("a row"));
+                        hosted.push(Some(host));
+                    }
+                    None => {
+                        rows.extend(row..row + n);
+                        samplers.extend(chain);
+                        hosted.extend(std::iter::repeat_n(None, n));
+                    }
+                }
             }
             row += n;
         }
@@ -431,9 +479,15 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             .iter()
             .map(|s| {
                 s.samples.then(|| {
-                    let n = 1 + s.drafted;
+                    let d = &self.decoding[&s.id];
+                    let (known, n) = match d.hosted() {
+                        true => (s.draft().to_vec(), 1),
+                        false => (Vec::new(), 1 + s.drafted),
+                    };
                     at += n;
-                    (tokens[at - n..at].to_vec(), logprobs[at - 1].take())
+                    let mut picked = known;
+                    picked.extend_from_slice(&tokens[at - n..at]);
+                    (picked, logprobs[at - 1].take())
                 })
             })
             .collect()

@@ -705,13 +705,13 @@ fn bad_input_gets_openai_errors_and_the_server_stays_healthy() {
             "not valid UTF-8",
         ),
         (
-            "n = 2",
+            "n = 17",
             c,
-            json!({"model": MODEL, "prompt": "hi", "n": 2})
+            json!({"model": MODEL, "prompt": "hi", "n": 17})
                 .to_string()
                 .into_bytes(),
             400,
-            "n = 1",
+            "n must be 1 to 16",
         ),
         (
             "temperature out of range",

@@ -182,6 +182,19 @@ impl Constraint {
             .map_err(|e| GrammarError::Match(e.to_string()))
     }
 
+    /// The tokens the grammar forces next (the only ones it allows, one after another),
+    /// written without sampling.
+    pub fn forced(&mut self) -> Vec<u32> {
+        self.matcher.compute_ff_tokens()
+    }
+
+    /// The tokens allowed after `tokens` (the state moves on in a copy only).
+    pub fn mask_after(&self, tokens: &[u32]) -> Result<Mask, GrammarError> {
+        let mut ahead = self.clone();
+        ahead.consume(tokens)?;
+        ahead.mask()
+    }
+
     /// Feeds the tokens generated (a token the mask did not allow is an error).
     pub fn consume(&mut self, tokens: &[u32]) -> Result<(), GrammarError> {
         self.matcher

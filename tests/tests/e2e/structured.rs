@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::grammar::{Grammar, GrammarCompiler};
+use fornax_engine::grammar::{
+    tool_call_grammar, CallMode, CallReader, Grammar, GrammarCompiler, ToolSpec,
+};
 use fornax_engine::kv::{KvCapacity, TierPolicy};
 use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
@@ -69,6 +71,30 @@ impl BackendTask for Generate {
     fn run<B: fornax_engine::EngineBackend>(
         self,
         device: B::Device,
+        info: DeviceInfo,
+    ) -> Self::Output {
+        Counted {
+            jobs: self.0,
+            force: true,
+        }
+        .run::<B>(device, info)
+        .0
+    }
+}
+
+/// [`Generate`] with forced tokens on or off; also returns the steps run and the tokens
+/// written without sampling.
+struct Counted {
+    jobs: Vec<(String, Grammar)>,
+    force: bool,
+}
+
+impl BackendTask for Counted {
+    type Output = (Vec<(String, FinishReason)>, u64, u64);
+
+    fn run<B: fornax_engine::EngineBackend>(
+        self,
+        device: B::Device,
         _: DeviceInfo,
     ) -> Self::Output {
         let gguf = GgufFile::parse(model_file().bytes()).unwrap();
@@ -81,8 +107,11 @@ impl BackendTask for Generate {
             ..SchedulerConfig::default()
         };
         let mut engine = Engine::new(&model, kv, config, PolicyKind::default());
+        if !self.force {
+            engine = engine.without_forced_tokens();
+        }
         let mut ids = std::collections::HashMap::new();
-        for (i, (prompt, grammar)) in self.0.iter().enumerate() {
+        for (i, (prompt, grammar)) in self.jobs.iter().enumerate() {
             let prompt = tok
                 .encode_chat(&[ChatMessage::new("user", prompt)])
                 .unwrap();
@@ -112,14 +141,15 @@ impl BackendTask for Generate {
             }
         }
         let stop = tok.stop_ids();
-        tokens
+        let outputs = tokens
             .into_iter()
             .zip(reasons)
             .map(|(t, r)| {
                 let t: Vec<u32> = t.into_iter().filter(|t| !stop.contains(t)).collect();
                 (tok.decode(&t).unwrap(), r.expect("finished"))
             })
-            .collect()
+            .collect();
+        (outputs, engine.steps, engine.forced_tokens)
     }
 }
 
@@ -221,4 +251,76 @@ fn a_regex_and_a_lark_grammar_hold_the_output() {
     assert!(value.is_object(), "{object}");
     assert_eq!(*reason, FinishReason::Stop);
     let _ = json!(null);
+}
+
+/// Tool calls (the server's grammar: a list of calls, each tool's parameters as JSON) at
+/// temperature 0.7, with the grammar's forced tokens written without sampling and
+/// without: every output is a complete list of calls whose arguments validate, and
+/// forcing writes tokens without sampling and takes fewer steps.
+#[test]
+fn forced_tokens_take_fewer_steps_and_keep_tool_calls_valid() {
+    let weather = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": false});
+    let clock = json!({"type": "object", "properties": {
+        "timezone": {"type": "string", "pattern": "^[A-Z][a-z]+/[A-Z][a-z]+$"}},
+        "required": ["timezone"], "additionalProperties": false});
+    let tools = [
+        ToolSpec {
+            name: "get_weather".into(),
+            parameters: weather.clone(),
+        },
+        ToolSpec {
+            name: "get_time".into(),
+            parameters: clock.clone(),
+        },
+    ];
+    let grammar = tool_call_grammar(&tools, CallMode::Several, false);
+    let prompts = [
+        "What is the weather in Paris?",
+        "What time is it in Tokyo?",
+        "Weather and time in Rome, please.",
+        "Is it cold in Oslo?",
+    ];
+    let jobs: Vec<(String, Grammar)> = prompts
+        .iter()
+        .map(|p| (p.to_string(), grammar.clone()))
+        .collect();
+    let run = |force| {
+        run_on(
+            BackendKind::Cpu,
+            Counted {
+                jobs: jobs.clone(),
+                force,
+            },
+        )
+        .unwrap()
+    };
+    let (sampled, sampled_steps, none) = run(false);
+    let (forced, forced_steps, written) = run(true);
+    eprintln!(
+        "steps: {sampled_steps} sampling every token, {forced_steps} with {written} forced tokens"
+    );
+    assert_eq!(none, 0);
+    assert!(written > 0 && forced_steps < sampled_steps);
+    let mut cases = Vec::new();
+    for (text, reason) in sampled.iter().chain(&forced) {
+        assert_eq!(*reason, FinishReason::Stop, "{text}");
+        let mut reader = CallReader::default();
+        reader.push(text).unwrap();
+        for (name, args) in reader.finish().unwrap() {
+            let schema = if name == "get_weather" {
+                &weather
+            } else {
+                &clock
+            };
+            cases.push((schema.clone(), args));
+        }
+    }
+    let verdicts = validate(&cases);
+    assert!(
+        verdicts.iter().all(Option::is_none),
+        "{verdicts:?}: {cases:?}"
+    );
 }
