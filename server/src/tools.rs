@@ -6,7 +6,8 @@
 //! argument pieces join into the arguments' JSON.
 
 use fornax_engine::grammar::{
-    starts_calls, tool_call_grammar, CallDelta, CallMode, CallReader, Grammar, ToolSpec,
+    starts_calls, tool_call_grammar, write_calls, CallDelta, CallMode, CallReader, Grammar,
+    ToolSpec,
 };
 use fornax_engine::tokenizer::ChatMessage;
 use serde::Deserialize;
@@ -198,8 +199,11 @@ pub fn conversation(
     template_reads_tools: bool,
 ) -> Result<Vec<ChatMessage>, ApiError> {
     let mut out: Vec<ChatMessage> = Vec::new();
+    // Whether the last turn written is a run of tool results (as a user turn).
+    let mut in_results = false;
     for m in messages {
         let text = m.text()?;
+        let was_in_results = std::mem::replace(&mut in_results, false);
         if let Some(calls) = m.tool_calls.as_deref().filter(|c| !c.is_empty()) {
             out.push(ChatMessage::new(&m.role, &written_calls(calls)));
             continue;
@@ -207,13 +211,14 @@ pub fn conversation(
         if m.role == "tool" && !template_reads_tools {
             let id = m.tool_call_id.as_deref().unwrap_or("a call");
             let line = format!("Result of {id}: {text}");
-            match out.last_mut() {
-                Some(last) if last.role == "user" && last.content.starts_with("Result of ") => {
+            match out.last_mut().filter(|_| was_in_results) {
+                Some(last) => {
                     last.content.push('\n');
                     last.content.push_str(&line);
                 }
-                _ => out.push(ChatMessage::new("user", &line)),
+                None => out.push(ChatMessage::new("user", &line)),
             }
+            in_results = true;
             continue;
         }
         out.push(ChatMessage::new(&m.role, &text));
@@ -229,9 +234,10 @@ pub fn conversation(
     Ok(out)
 }
 
-/// Earlier calls as the grammar has the model write them.
+/// Earlier calls as the grammar has the model write them (arguments that are not JSON
+/// written as a JSON string).
 fn written_calls(calls: &[ToolCallMessage]) -> String {
-    let list: Vec<String> = calls
+    let calls: Vec<(String, String)> = calls
         .iter()
         .map(|c| {
             let args = &c.function.arguments;
@@ -239,13 +245,10 @@ fn written_calls(calls: &[ToolCallMessage]) -> String {
                 Ok(v) => v.to_string(),
                 Err(_) => Value::String(args.clone()).to_string(),
             };
-            format!(
-                "{{\"name\": {}, \"arguments\": {args}}}",
-                Value::String(c.function.name.clone())
-            )
+            (c.function.name.clone(), args)
         })
         .collect();
-    format!("[{}]", list.join(", "))
+    write_calls(&calls)
 }
 
 /// The id of call `index` of response `response`.
@@ -422,6 +425,41 @@ mod tests {
             let e = plan(tools(t), choice(c.clone()), None, false).expect_err(&c.to_string());
             assert_eq!(e.param.as_deref(), Some(param), "{c}: {}", e.message);
         }
+    }
+
+    /// Without tools in the template: an assistant's calls are written as the grammar
+    /// writes them, a run of results becomes one user turn (and only a run of results:
+    /// a user turn after it stays its own), and the tools' description goes first.
+    #[test]
+    fn conversations_carry_calls_and_results() {
+        let messages: Vec<Message> = serde_json::from_value(json!([
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"a\":1}"}},
+                {"id": "c2", "type": "function", "function": {"name": "t", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "c2", "content": "noon"},
+            {"role": "user", "content": "Result of my thinking: thanks"},
+        ]))
+        .unwrap();
+        let out = conversation(&messages, Some("TOOLS"), false).unwrap();
+        let turns: Vec<(&str, &str)> = out
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str()))
+            .collect();
+        assert_eq!(
+            turns,
+            [
+                ("system", "TOOLS"),
+                ("user", "Weather?"),
+                (
+                    "assistant",
+                    r#"[{"name": "w", "arguments": {"a":1}}, {"name": "t", "arguments": {}}]"#
+                ),
+                ("user", "Result of c1: sunny\nResult of c2: noon"),
+                ("user", "Result of my thinking: thanks"),
+            ]
+        );
     }
 
     #[test]

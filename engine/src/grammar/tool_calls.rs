@@ -15,6 +15,28 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
+/// A call's text up to its name, between its name and its arguments, and after them;
+/// calls in a list are separated by [`SEPARATOR`].
+const NAME_KEY: &str = "{\"name\": ";
+const ARGUMENTS_KEY: &str = ", \"arguments\": ";
+const CALL_END: &str = "}";
+const SEPARATOR: &str = ", ";
+
+/// The text of one call up to its arguments.
+fn call_head(name: &str) -> String {
+    format!("{NAME_KEY}{}{ARGUMENTS_KEY}", quoted(name))
+}
+
+/// Calls (name and arguments as JSON text) written as the grammar has the model write
+/// them: for earlier turns of a conversation.
+pub fn write_calls(calls: &[(String, String)]) -> String {
+    let calls: Vec<String> = calls
+        .iter()
+        .map(|(name, arguments)| format!("{}{arguments}{CALL_END}", call_head(name)))
+        .collect();
+    format!("[{}]", calls.join(SEPARATOR))
+}
+
 /// What the output may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallMode {
@@ -29,21 +51,22 @@ pub enum CallMode {
 pub fn tool_call_grammar(tools: &[ToolSpec], mode: CallMode, text_allowed: bool) -> Grammar {
     let mut lark = String::new();
     let list = match mode {
-        CallMode::One => "calls: \"[\" call \"]\"\n",
-        CallMode::Several => "calls: \"[\" call (\", \" call)* \"]\"\n",
+        CallMode::One => "calls: \"[\" call \"]\"\n".to_string(),
+        CallMode::Several => format!("calls: \"[\" call ({} call)* \"]\"\n", quoted(SEPARATOR)),
     };
     lark.push_str(match text_allowed {
         true => "start: calls | text\ntext: /[^\\[][\\s\\S]*/\n",
         false => "start: calls\n",
     });
-    lark.push_str(list);
+    lark.push_str(&list);
     let names: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
     lark.push_str(&format!("call: {}\n", names.join(" | ")));
+    // Lark's string literals take JSON's escapes.
     for (i, tool) in tools.iter().enumerate() {
-        let prefix = format!("{{\"name\": {}, \"arguments\": ", quoted(&tool.name));
         lark.push_str(&format!(
-            "call_{i}: {} args_{i} \"}}\"\nargs_{i}: %json {}\n",
-            lark_string(&prefix),
+            "call_{i}: {} args_{i} {}\nargs_{i}: %json {}\n",
+            quoted(&call_head(&tool.name)),
+            quoted(CALL_END),
             compact(&tool.parameters)
         ));
     }
@@ -53,11 +76,6 @@ pub fn tool_call_grammar(tools: &[ToolSpec], mode: CallMode, text_allowed: bool)
 /// `s` as a JSON string.
 fn quoted(s: &str) -> String {
     Value::String(s.to_string()).to_string()
-}
-
-/// `s` as a Lark string literal (JSON's escapes).
-fn lark_string(s: &str) -> String {
-    quoted(s)
 }
 
 /// Whether an output starting with `text` (leading whitespace aside) is a list of calls.
@@ -135,7 +153,7 @@ impl CallReader {
                         self.at = At::Done;
                         continue;
                     }
-                    let head = "{\"name\": ";
+                    let head = NAME_KEY;
                     if rest.len() < head.len() {
                         if !head.starts_with(rest) {
                             return Err(format!("expected a call at {rest:?}"));
@@ -153,7 +171,7 @@ impl CallReader {
                         _ => return Ok(out), // not complete yet
                     };
                     let used = head.len() + de.byte_offset();
-                    let key = ", \"arguments\": ";
+                    let key = ARGUMENTS_KEY;
                     let tail = &rest[used..];
                     if tail.len() < key.len() {
                         return Ok(out);
@@ -190,8 +208,8 @@ impl CallReader {
                             (false, _, '}' | ']') => depth = depth.saturating_sub(1),
                             _ => {}
                         }
-                        let scalar_done = depth == 0 && !in_string && matches!(c, '}' | ']');
-                        if scalar_done {
+                        let closed = depth == 0 && !in_string && matches!(c, '}' | ']');
+                        if closed {
                             end = Some(i + c.len_utf8());
                             break;
                         }
@@ -220,10 +238,10 @@ impl CallReader {
                     if rest.is_empty() {
                         return Ok(out);
                     }
-                    if !rest.starts_with('}') {
+                    if !rest.starts_with(CALL_END) {
                         return Err(format!("expected the end of a call at {rest:?}"));
                     }
-                    self.read += 1;
+                    self.read += CALL_END.len();
                     self.at = At::Between;
                 }
                 At::Done => {
@@ -293,6 +311,11 @@ mod tests {
             }
             assert_eq!(reader.finish().unwrap(), want, "pieces of {step}");
         }
+        assert_eq!(
+            write_calls(&want),
+            text,
+            "written as the grammar writes them"
+        );
         let mut cut = CallReader::default();
         cut.push(r#"[{"name": "f", "arguments": {"a"#).unwrap();
         assert!(cut.finish().is_err(), "an unfinished list is an error");
