@@ -355,22 +355,22 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 for _ in 0..tokens.len() {
                     d.sampler.draw();
                 }
-                if s.drafted > 0 && d.constraint.is_some() {
-                    self.forced_tokens += *accepted as u64;
-                }
-                if s.drafted > 0 && d.constraint.is_none() {
-                    d.acceptance.record(s.drafted, *accepted, plan.batch.len());
-                    self.spec_stats.proposed += s.drafted as u64;
-                    self.spec_stats.accepted += *accepted as u64;
-                    self.spec_stats.verifications += 1;
-                }
                 if s.drafted > 0 {
+                    // A constrained request's draft is its forced tokens, not speculation.
+                    if d.constraint.is_some() {
+                        self.forced_tokens += *accepted as u64;
+                    } else {
+                        d.acceptance.record(s.drafted, *accepted, plan.batch.len());
+                        self.spec_stats.proposed += s.drafted as u64;
+                        self.spec_stats.accepted += *accepted as u64;
+                        self.spec_stats.verifications += 1;
+                    }
                     // The rejected drafted tokens' keys and values are taken back.
                     let len = self.kv.len(s.seq)? - (s.drafted - accepted);
                     self.kv.truncate(s.seq, len)?;
                     self.kv.settle(s.seq)?;
                 }
-                // Hosted requests take one token a step: the logprobs are its.
+                // A request with logprobs takes one token a step (no draft): they are its.
                 events.extend(tokens[..taken].iter().map(|&token| Event::Token {
                     id: s.id,
                     token,
@@ -437,6 +437,8 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         let mut rows = Vec::new();
         let mut samplers = Vec::new();
         let mut hosted: Vec<Option<HostRow<'_>>> = Vec::new();
+        // Per sampling request: the tokens taken as they are and the rows picked.
+        let mut shapes = Vec::new();
         let mut row = 0;
         for s in batch {
             let n = 1 + s.drafted;
@@ -446,7 +448,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 // Hosted requests have one row, or forced tokens and one row to sample.
                 let host = d.hosted().then(|| HostRow {
                     mask: masks.remove(&s.id),
-                    history: Some(&d.history),
+                    history: &d.history,
                     logprobs: d.logprobs,
                 });
                 match host {
@@ -454,11 +456,13 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                         rows.push(row + n - 1);
                         samplers.push(chain.pop().expect("a row"));
                         hosted.push(Some(host));
+                        shapes.push((s.draft(), 1));
                     }
                     None => {
                         rows.extend(row..row + n);
                         samplers.extend(chain);
                         hosted.extend(std::iter::repeat_n(None, n));
+                        shapes.push((&[][..], n));
                     }
                 }
             }
@@ -475,17 +479,14 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             (tokens, logprobs) = pick_rows_hosted(logits, &mut refs, &hosted);
         }
         let mut at = 0;
+        let mut shapes = shapes.into_iter();
         batch
             .iter()
             .map(|s| {
                 s.samples.then(|| {
-                    let d = &self.decoding[&s.id];
-                    let (known, n) = match d.hosted() {
-                        true => (s.draft().to_vec(), 1),
-                        false => (Vec::new(), 1 + s.drafted),
-                    };
+                    let (known, n) = shapes.next().expect("one shape per sampling request");
                     at += n;
-                    let mut picked = known;
+                    let mut picked = known.to_vec();
                     picked.extend_from_slice(&tokens[at - n..at]);
                     (picked, logprobs[at - 1].take())
                 })

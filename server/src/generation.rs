@@ -10,7 +10,6 @@ use fornax_engine::sampling::{SamplingParams, TokenLogprobs};
 use fornax_engine::sched::{FinishReason, RequestId};
 use fornax_engine::Request;
 use metrics::{counter, histogram};
-
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::access::Caller;
@@ -128,16 +127,14 @@ impl Job {
             }
             None => room.min(limits.max_output_tokens),
         };
-        let (sampling, logprobs) =
-            crate::sampling::sampling(&params, state.tokenizer.vocab_size())?;
         let vocab = state.tokenizer.vocab_size();
-        let stop_ids = params.stop_token_ids.unwrap_or_default();
-        if let Some(&bad) = stop_ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ApiError::invalid_param(
-                "stop_token_ids",
-                format!("{bad} is not a token id of this model (0 to {})", vocab - 1),
-            ));
-        }
+        let (sampling, logprobs) = crate::sampling::sampling(&params, vocab)?;
+        let stop_ids = params
+            .stop_token_ids
+            .iter()
+            .flatten()
+            .map(|t| crate::sampling::token_id("stop_token_ids", &t.to_string(), vocab))
+            .collect::<Result<Vec<u32>, ApiError>>()?;
         let asked = match params.priority {
             None => DEFAULT_PRIORITY,
             Some(p @ 0..=LOWEST_PRIORITY) => p as u8,

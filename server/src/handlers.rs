@@ -128,24 +128,27 @@ impl Envelope {
             return Ok(Some(self.chunk(text, None, &entries)));
         };
         self.held.extend(entries);
-        let streamed = calls.push(&prefix, text)?;
-        let entries = match streamed {
-            None => return Ok(None),
-            Some(_) => std::mem::take(&mut self.held),
+        let Some(streamed) = calls.push(&prefix, text)? else {
+            return Ok(None);
         };
-        Ok(match streamed {
-            Some(Streamed::Text(t)) => Some(self.chunk(&t, None, &entries)),
-            Some(Streamed::Calls(deltas)) => {
-                let logprobs = match entries.is_empty() {
-                    true => Value::Null,
-                    false => self.logprobs(&entries),
-                };
+        let entries = std::mem::take(&mut self.held);
+        Ok(Some(match streamed {
+            Streamed::Text(t) => self.chunk(&t, None, &entries),
+            Streamed::Calls(deltas) => {
+                let logprobs = self.chunk_logprobs(&entries);
                 let choice = json!({"index": self.index, "delta": {"tool_calls": deltas},
                                     "logprobs": logprobs, "finish_reason": null});
-                Some(self.wrap(self.chunk_object(), vec![choice], None))
+                self.wrap(self.chunk_object(), vec![choice], None)
             }
-            None => None,
-        })
+        }))
+    }
+
+    /// A streamed chunk's `logprobs`: `null` where it covers no token.
+    fn chunk_logprobs(&mut self, entries: &[Logprob]) -> Value {
+        match entries.is_empty() {
+            true => Value::Null,
+            false => self.logprobs(entries),
+        }
     }
 
     /// The last chunks of a stream that ended for `reason`: held text, then the finish
@@ -170,10 +173,7 @@ impl Envelope {
     /// A streamed chunk with `text` (and its tokens' `entries`), or with the finish reason
     /// at the end.
     fn chunk(&mut self, text: &str, reason: Option<&str>, entries: &[Logprob]) -> Value {
-        let logprobs = match entries.is_empty() {
-            true => Value::Null,
-            false => self.logprobs(entries),
-        };
+        let logprobs = self.chunk_logprobs(entries);
         let choice = match self.endpoint {
             Endpoint::Completions => text_choice(self.index, text, reason, logprobs),
             Endpoint::Chat => {

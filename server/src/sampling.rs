@@ -44,16 +44,7 @@ pub fn sampling(
     }
     let mut logit_bias = Vec::new();
     for (key, &bias) in params.logit_bias.iter().flatten() {
-        let token = key.parse::<u32>().ok().filter(|&t| (t as usize) < vocab);
-        let Some(token) = token else {
-            return Err(ApiError::invalid_param(
-                "logit_bias",
-                format!(
-                    "logit_bias key `{key}` is not a token id of this model (0 to {})",
-                    vocab - 1
-                ),
-            ));
-        };
+        let token = token_id("logit_bias", key, vocab)?;
         in_range("logit_bias", bias, -100.0, 100.0)?;
         logit_bias.push((token, bias));
     }
@@ -101,6 +92,20 @@ fn logprobs(params: &GenerationParams) -> Result<Option<usize>, ApiError> {
         )),
         _ => Ok(None),
     }
+}
+
+/// `shown` (a field's token id, as text) as a token id of a vocabulary of `vocab` tokens.
+pub fn token_id(field: &'static str, shown: &str, vocab: usize) -> Result<u32, ApiError> {
+    let token = shown.parse::<u32>().ok().filter(|&t| (t as usize) < vocab);
+    token.ok_or_else(|| {
+        ApiError::invalid_param(
+            field,
+            format!(
+                "{field}: `{shown}` is not a token id of this model (0 to {})",
+                vocab - 1
+            ),
+        )
+    })
 }
 
 fn in_range(field: &'static str, value: f32, min: f32, max: f32) -> Result<(), ApiError> {

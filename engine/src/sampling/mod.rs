@@ -54,10 +54,10 @@ impl SamplingParams {
 
 /// What a row's choice needs on the host besides its sampler: the grammar's mask, the
 /// request's history (for its penalties) and how many log-probabilities to report.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct HostRow<'a> {
     pub mask: Option<Mask>,
-    pub history: Option<&'a History>,
+    pub history: &'a History,
     /// `Some(n)`: the chosen token's log-probability and the `n` most likely tokens'.
     pub logprobs: Option<usize>,
 }
@@ -126,9 +126,7 @@ impl Sampler {
         host: &HostRow<'_>,
     ) -> (u32, Option<TokenLogprobs>) {
         let raw = host.logprobs.map(|_| row.to_vec());
-        if let Some(history) = host.history {
-            self.params.adjust.apply(row, history);
-        }
+        self.params.adjust.apply(row, host.history);
         if let Some(mask) = &host.mask {
             mask.apply(row);
         }
