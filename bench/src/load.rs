@@ -282,6 +282,7 @@ pub(super) fn serve_jobs<B: EngineBackend>(
                 stop_ids: vec![],
                 constraint: None,
                 logprobs: None,
+                prompt_logprobs: None,
             };
             match engine.submit(req) {
                 Ok(id) => {
@@ -333,6 +334,7 @@ pub(super) fn serve_jobs<B: EngineBackend>(
                         f.ttft_by_qos[jobs[*j].qos as usize].push(ttft);
                     }
                 }
+                Event::PromptLogprobs { .. } => {}
                 Event::Finished { id, .. } => {
                     let (j, received) = live.remove(&id).expect("live request");
                     f.e2e.push(now - jobs[j].arrival);

@@ -161,6 +161,7 @@ impl PrefixBench<'_> {
             stop_ids: vec![],
             constraint: None,
             logprobs: None,
+            prompt_logprobs: None,
         };
         // Warm-up: each system prompt once, outside the figures (a replica that has seen
         // nothing skips it).
@@ -246,6 +247,7 @@ impl PrefixBench<'_> {
                             }
                         }
                     }
+                    Event::PromptLogprobs { .. } => {}
                     Event::Finished { id, .. } => {
                         let c = live.remove(&id).expect("live");
                         let conv = &mut convs[c];

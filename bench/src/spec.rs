@@ -212,6 +212,7 @@ impl SpecBench<'_> {
                         stop_ids: self.tok.stop_ids(),
                         constraint: None,
                         logprobs: None,
+                        prompt_logprobs: None,
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;

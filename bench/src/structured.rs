@@ -104,6 +104,7 @@ impl Structured<'_> {
                 stop_ids: Vec::new(),
                 constraint,
                 logprobs: None,
+                prompt_logprobs: None,
             };
             ids.insert(engine.submit(request)?, i);
         }

@@ -1,5 +1,5 @@
-"""The official `openai` Python client asking `fornax serve` for log-probabilities, echo,
-logit biases, penalties and extra stop token ids, on both routes, streamed and not, all
+"""The official `openai` Python client asking `fornax serve` for log-probabilities, echo
+(with the prompt's log-probabilities), logit biases, penalties and extra stop token ids, on both routes, streamed and not, all
 greedy. Prints each response (as the client parsed it) for the Rust test to check.
 
 Usage: sampling_client.py BASE_URL MODEL
@@ -35,6 +35,19 @@ echo = client.completions.create(
     model=model, prompt="The capital of France is", max_tokens=4, temperature=0, echo=True,
 )
 out["echo"] = echo.model_dump()
+
+# The prompt's log-probabilities with its echo: two choices, then streamed.
+echo_logprobs = client.completions.create(
+    model=model, prompt="The capital of France is", max_tokens=4, temperature=0, echo=True,
+    logprobs=2, n=2,
+)
+out["echo_logprobs"] = echo_logprobs.model_dump()
+
+stream = client.completions.create(
+    model=model, prompt="The capital of France is", max_tokens=4, temperature=0, echo=True,
+    logprobs=2, stream=True,
+)
+out["echo_logprobs_stream"] = [chunk.model_dump() for chunk in stream]
 
 # Token 314 selected at every step by a +100 bias; a penalty and min_p are accepted.
 biased = client.completions.create(

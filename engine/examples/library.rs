@@ -72,6 +72,7 @@ fn main() -> anyhow::Result<()> {
             sampling: SamplingParams::greedy(),
             stop_ids: tokenizer.stop_ids(),
             constraint: None,
+            prompt_logprobs: None,
             logprobs: None,
         })?;
         answers.push((id, message, Vec::new()));

@@ -2,6 +2,7 @@
 //! step, sampled tokens out. Thread-free; a caller drives [`Engine::step`].
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use burn_tensor::Tensor;
 
@@ -35,7 +36,15 @@ pub struct Request {
     /// `Some(n)`: report each token's log-probability and the `n` most likely tokens'
     /// (at most [`crate::sampling::MAX_TOP_LOGPROBS`]).
     pub logprobs: Option<usize>,
+    /// `Some(n)`: report the log-probability of each prompt token after the first, given
+    /// those before it, with the `n` most likely tokens' at that position. Its prompt is
+    /// then computed in full, [`PROMPT_SCORE_CHUNK`] tokens a step (no prefix cache).
+    pub prompt_logprobs: Option<usize>,
 }
+
+/// Prompt positions a request with `prompt_logprobs` computes per step: the rows of
+/// logits read back for it (`[rows, vocab]` floats).
+pub const PROMPT_SCORE_CHUNK: usize = 128;
 
 /// What a step produced for a request.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +54,12 @@ pub enum Event {
         id: RequestId,
         token: u32,
         logprobs: Option<Box<TokenLogprobs>>,
+    },
+    /// Log-probabilities of prompt tokens, continuing those reported before (the first
+    /// covers the prompt's second token); all come before the request's first token.
+    PromptLogprobs {
+        id: RequestId,
+        logprobs: Vec<TokenLogprobs>,
     },
     /// The request is done and its blocks are back in the pool.
     Finished { id: RequestId, reason: FinishReason },
@@ -59,6 +74,10 @@ struct Decoding {
     /// The tokens seen, for the sampler's penalties.
     history: History,
     logprobs: Option<usize>,
+    /// Top tokens per prompt position (`prompt_logprobs`), and the next prompt token whose
+    /// log-probability is to be reported.
+    prompt_logprobs: Option<usize>,
+    scored: usize,
 }
 
 impl Decoding {
@@ -183,8 +202,15 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                     self.speculation.as_ref().map_or(0.0, |s| s.draft_cost),
                 ),
                 constraint: request.constraint,
+                prompt_logprobs: request
+                    .prompt_logprobs
+                    .map(|n| n.min(crate::sampling::MAX_TOP_LOGPROBS)),
+                scored: 1,
             },
         );
+        if request.prompt_logprobs.is_some() {
+            self.sched.compute_whole_prompt(id, PROMPT_SCORE_CHUNK);
+        }
         Ok(id)
     }
 
@@ -307,11 +333,23 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             }
         }
         let speculating = plan.batch.iter().any(|s| s.drafted > 0);
-        let logits = if speculating {
+        let scored: Vec<Range<usize>> = plan.batch.iter().map(|s| self.scored(s)).collect();
+        let scoring = scored.iter().any(|t| !t.is_empty());
+        // Rows of logits per sequence: its prompt positions scored, or its drafted ones
+        // and the one after (the sampled row is the last either way).
+        let tails: Vec<usize> = plan
+            .batch
+            .iter()
+            .zip(&scored)
+            .map(|(s, t)| match t.is_empty() {
+                true => 1 + s.drafted,
+                false => t.len() + usize::from(s.samples),
+            })
+            .collect();
+        let logits = if speculating || scoring {
             for s in plan.batch.iter().filter(|s| s.drafted > 0) {
                 self.kv.hold(s.seq);
             }
-            let tails: Vec<usize> = plan.batch.iter().map(|s| 1 + s.drafted).collect();
             let run = self.model.forward_batch_tails(&parts, &mut self.kv, &tails);
             if run.is_err() {
                 for s in plan.batch.iter().filter(|s| s.drafted > 0) {
@@ -328,8 +366,15 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         self.tokens_computed += plan.tokens() as u64;
         self.last_batch = (plan.batch.len(), plan.tokens());
 
+        let (logits, mut prompt_logprobs) = match scoring {
+            true => self.score_prompts(&plan.batch, logits, &scored, &tails),
+            false => (logits, Vec::new()),
+        };
         let picks = self.pick(&plan.batch, logits);
-        for (s, picks) in plan.batch.iter().zip(picks) {
+        for (i, (s, picks)) in plan.batch.iter().zip(picks).enumerate() {
+            if let Some(logprobs) = prompt_logprobs.get_mut(i).and_then(Option::take) {
+                events.push(Event::PromptLogprobs { id: s.id, logprobs });
+            }
             let (picks, mut logprobs) = match picks {
                 Some((p, l)) => (Some(p), l),
                 None => (None, None),
@@ -402,6 +447,66 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         blocks: Vec<BlockValues>,
     ) -> usize {
         self.kv.pool.import_to_host(prompt, first, blocks)
+    }
+
+    /// The indices of the prompt tokens whose log-probabilities `s`'s pass gives (its rows
+    /// predict the tokens after its own), for a request that asked for them.
+    fn scored(&self, s: &Scheduled) -> Range<usize> {
+        let (Some(d), Some(r)) = (self.decoding.get(&s.id), self.sched.get(s.id)) else {
+            return 0..0;
+        };
+        if d.prompt_logprobs.is_none() {
+            return 0..0;
+        }
+        let first = d.scored.max(r.computed + 1);
+        first
+            ..(r.computed + s.tokens.len() + 1)
+                .min(r.prompt_len)
+                .max(first)
+    }
+
+    /// Splits the logits of a pass over `batch` with `tails[i]` rows per sequence: the
+    /// prompt log-probabilities of the positions `scored[i]` (read back, one entry per
+    /// sequence), and the last `1 + drafted` rows of each sequence, as [`Self::pick`]
+    /// takes them.
+    #[allow(clippy::type_complexity)]
+    fn score_prompts(
+        &mut self,
+        batch: &[Scheduled],
+        logits: Tensor<B, 2>,
+        scored: &[Range<usize>],
+        tails: &[usize],
+    ) -> (Tensor<B, 2>, Vec<Option<Vec<TokenLogprobs>>>) {
+        let (mut picked, mut read) = (Vec::new(), Vec::new());
+        let mut at = 0;
+        for ((s, t), &tail) in batch.iter().zip(scored).zip(tails) {
+            picked.extend(at + tail - (1 + s.drafted).min(tail)..at + tail);
+            read.extend(at..at + t.len());
+            at += tail;
+        }
+        let vocab = self.model.config.vocab_size;
+        let values = crate::logits_to_vec(select_rows(logits.clone(), &read));
+        let mut rows = values.chunks_exact(vocab);
+        let logprobs = batch
+            .iter()
+            .zip(scored)
+            .map(|(s, t)| {
+                if t.is_empty() {
+                    return None;
+                }
+                let d = self.decoding.get_mut(&s.id).expect("in flight");
+                let top = d.prompt_logprobs.unwrap_or(0);
+                let tokens = &self.sched.get(s.id).expect("in flight").tokens;
+                d.scored = t.end;
+                let row = rows.by_ref().take(t.len());
+                Some(
+                    row.zip(&tokens[t.clone()])
+                        .map(|(row, &token)| TokenLogprobs::of(row, token, top))
+                        .collect(),
+                )
+            })
+            .collect();
+        (select_rows(logits, &picked), logprobs)
     }
 
     /// The sampled tokens of each scheduled request that samples, one per logits row it

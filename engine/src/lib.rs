@@ -37,4 +37,4 @@ pub mod spec;
 pub mod store;
 
 mod engine;
-pub use engine::{Engine, Event, Request};
+pub use engine::{Engine, Event, Request, PROMPT_SCORE_CHUNK};

@@ -38,6 +38,8 @@ pub enum Update {
     Rejected(SubmitError),
     /// A new token, with its log-probabilities where asked for.
     Token(u32, Option<Box<TokenLogprobs>>),
+    /// Log-probabilities of the prompt's next tokens (`prompt_logprobs`), before any token.
+    PromptLogprobs(Vec<TokenLogprobs>),
     /// Done.
     Finished(FinishReason),
     /// The model failed; the request was dropped.
@@ -173,6 +175,11 @@ pub fn run_engine_with<B: EngineBackend>(
                             if gone {
                                 clients.remove(&id);
                                 engine.cancel(id);
+                            }
+                        }
+                        Event::PromptLogprobs { id, logprobs } => {
+                            if let Some(c) = clients.get(&id) {
+                                let _ = c.send(Update::PromptLogprobs(logprobs));
                             }
                         }
                         Event::Finished { id, reason } => {

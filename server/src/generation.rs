@@ -45,6 +45,8 @@ pub struct Job {
     pub sampling: SamplingParams,
     /// `Some(n)`: each token's log-probability with the `n` most likely tokens'.
     pub logprobs: Option<usize>,
+    /// The same for the prompt's tokens (`echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
     /// Token ids that end the output, besides the model's own.
     pub stop_ids: Vec<u32>,
     pub stops: Vec<String>,
@@ -159,6 +161,7 @@ impl Job {
             caller,
             sampling,
             logprobs,
+            prompt_logprobs: None,
             stop_ids,
             stops: params.stop.map(|s| s.strings()).unwrap_or_default(),
             stream: params.stream,
@@ -169,10 +172,14 @@ impl Job {
         })
     }
 
-    /// Choice `i` of the job: its seed moved on by `i`.
+    /// Choice `i` of the job: its seed moved on by `i`. Only the first computes the
+    /// prompt's log-probabilities (the same for every choice).
     pub fn choice(&self, i: usize) -> Self {
         let mut job = self.clone();
         job.sampling.seed = job.sampling.seed.wrapping_add(i as u64);
+        if i > 0 {
+            job.prompt_logprobs = None;
+        }
         job
     }
 
@@ -191,11 +198,12 @@ impl Job {
     }
 }
 
-/// A generated token with its log-probabilities.
+/// A token with its log-probabilities (`None` for the prompt's first token, which
+/// nothing predicts).
 #[derive(Debug, Clone)]
 pub struct Logprob {
     pub token: u32,
-    pub logprobs: Box<TokenLogprobs>,
+    pub logprobs: Option<Box<TokenLogprobs>>,
 }
 
 /// What a generation produced next, with the log-probabilities of the tokens it covers
@@ -229,6 +237,9 @@ pub struct Generation {
     text: StopText,
     /// Log-probabilities of tokens whose text is not released yet.
     logprobs: Vec<Logprob>,
+    /// The prompt, where its log-probabilities were asked for, and those received.
+    prompt: Vec<u32>,
+    prompt_logprobs: Vec<Logprob>,
     /// Token ids that end the output (the model's and the request's).
     stop_ids: Vec<u32>,
     arrived: Instant,
@@ -257,6 +268,10 @@ impl Generation {
         };
         let (updates_tx, mut updates) = unbounded_channel();
         let prompt_tokens = job.prompt.len();
+        let prompt = match job.prompt_logprobs {
+            Some(_) => job.prompt.clone(),
+            None => Vec::new(),
+        };
         let caller = job.caller;
         let mut stop_ids = state.stop_ids.clone();
         stop_ids.extend(job.stop_ids);
@@ -268,6 +283,7 @@ impl Generation {
             stop_ids: stop_ids.clone(),
             constraint,
             logprobs: job.logprobs,
+            prompt_logprobs: job.prompt_logprobs,
         };
         state
             .commands
@@ -294,6 +310,8 @@ impl Generation {
             slot: Some(slot),
             text: StopText::new(job.stops),
             logprobs: Vec::new(),
+            prompt,
+            prompt_logprobs: Vec::new(),
             stop_ids,
             arrived,
             last_token: None,
@@ -334,7 +352,10 @@ impl Generation {
                         continue; // the engine ends the request with this token
                     }
                     if let Some(logprobs) = logprobs {
-                        self.logprobs.push(Logprob { token, logprobs });
+                        self.logprobs.push(Logprob {
+                            token,
+                            logprobs: Some(logprobs),
+                        });
                     }
                     let delta = self.text.push(&self.state.tokenizer, token);
                     if self.text.stopped() {
@@ -361,6 +382,7 @@ impl Generation {
                     return self.end(reason, rest);
                 }
                 Some(Update::Failed(message)) => return self.fail(message),
+                Some(Update::PromptLogprobs(l)) => self.on_prompt_logprobs(l),
                 Some(Update::Accepted(_) | Update::Rejected(_)) => {}
                 None => return self.fail("the engine stopped".into()),
             }
@@ -368,18 +390,51 @@ impl Generation {
     }
 
     /// Waits until the engine has computed the prompt (its first token came, or it
-    /// ended): a request sharing the prompt submitted now reuses its KV blocks.
+    /// ended): a request sharing the prompt submitted now reuses its KV blocks, and the
+    /// prompt's log-probabilities (where asked for) have all come.
     pub async fn prompt_computed(&mut self) {
         loop {
             let Some(update) = self.updates.recv().await else {
                 return;
             };
-            let done = !matches!(update, Update::Accepted(_));
+            let done = match update {
+                Update::PromptLogprobs(l) => {
+                    self.on_prompt_logprobs(l);
+                    continue;
+                }
+                Update::Accepted(_) => false,
+                _ => true,
+            };
             self.early.push_back(update);
             if done {
                 return;
             }
         }
+    }
+
+    fn on_prompt_logprobs(&mut self, logprobs: Vec<TokenLogprobs>) {
+        let at = self.prompt_logprobs.len() + 1;
+        let tokens = self.prompt.get(at..).unwrap_or_default();
+        self.prompt_logprobs
+            .extend(tokens.iter().zip(logprobs).map(|(&token, l)| Logprob {
+                token,
+                logprobs: Some(Box::new(l)),
+            }));
+    }
+
+    /// The prompt's tokens with their log-probabilities (the first has none), once
+    /// [`Self::prompt_computed`] has returned; empty where they were not asked for.
+    pub fn prompt_logprobs(&self) -> Vec<Logprob> {
+        let Some(&first) = self.prompt.first() else {
+            return Vec::new();
+        };
+        let first = Logprob {
+            token: first,
+            logprobs: None,
+        };
+        std::iter::once(first)
+            .chain(self.prompt_logprobs.iter().cloned())
+            .collect()
     }
 
     /// Tokens of the prompt and generated so far.

@@ -276,13 +276,9 @@ pub async fn completions(
                 .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))?,
         ),
     };
-    let job = Job::new(&state, params, prompt, caller.map(|Extension(c)| c))?;
-    if echo.is_some() && job.logprobs.is_some() {
-        return Err(ApiError::invalid_param(
-            "echo",
-            "echo with logprobs is not supported: the prompt's log-probabilities are not \
-             computed (send echo or logprobs, not both)",
-        ));
+    let mut job = Job::new(&state, params, prompt, caller.map(|Extension(c)| c))?;
+    if echo.is_some() {
+        job.prompt_logprobs = job.logprobs;
     }
     respond(state, job, Endpoint::Completions, arrived, echo).await
 }
@@ -332,8 +328,10 @@ pub async fn chat(
 pub const PRIORITY_HEADER: &str = "x-fornax-priority";
 
 /// Runs `job` and answers it, whole or streamed; `echo` (completions) comes before the
-/// generated text. With `n` > 1 the first choice runs until its prompt is computed, then
-/// the others start and reuse its prompt's KV blocks through the prefix cache.
+/// generated text, with the prompt's log-probabilities where `logprobs` asks for them
+/// (those of the first choice, the same for all). With `n` > 1 the first choice runs
+/// until its prompt is computed, then the others start and reuse its prompt's KV blocks
+/// through the prefix cache.
 async fn respond(
     state: Arc<AppState>,
     job: Job,
@@ -345,14 +343,17 @@ async fn respond(
     let class = [(PRIORITY_HEADER, job.qos.to_string())];
     let envelope = Envelope::new(&state, endpoint, &job);
     let mut first = Generation::start(state.clone(), job.choice(0), arrived).await?;
-    if job.n > 1 {
+    if job.n > 1 || job.prompt_logprobs.is_some() {
         first.prompt_computed().await;
     }
+    let echo = Echo {
+        text: echo.unwrap_or_default(),
+        logprobs: first.prompt_logprobs(),
+    };
     let mut generations = vec![first];
     for i in 1..job.n {
         generations.push(Generation::start(state.clone(), job.choice(i), arrived).await?);
     }
-    let echo = echo.unwrap_or_default();
     if stream {
         let events = events(generations, envelope, include_usage, echo);
         return Ok((class, Sse::new(events)).into_response());
@@ -361,8 +362,8 @@ async fn respond(
     let (mut prompt_tokens, mut completion_tokens) = (0, 0);
     for (i, mut generation) in generations.into_iter().enumerate() {
         let mut envelope = envelope.for_choice(i);
-        let mut text = echo.clone();
-        let mut entries = Vec::new();
+        let mut text = echo.text.clone();
+        let mut entries = echo.logprobs.clone();
         loop {
             match generation.next().await {
                 Piece::Text { text: t, logprobs } => {
@@ -405,18 +406,27 @@ enum Out {
     End(usize, usize),
 }
 
+/// The prompt as a completion echoes it: its text, and its tokens' log-probabilities
+/// where asked for.
+#[derive(Clone, Default)]
+struct Echo {
+    text: String,
+    logprobs: Vec<Logprob>,
+}
+
 /// One choice's chunks (after its role chunk and `echo`), then its end.
 fn choice_events(
     generation: Generation,
     mut envelope: Envelope,
-    echo: String,
+    echo: Echo,
 ) -> impl Stream<Item = Out> {
     let mut queue = VecDeque::new();
     if envelope.endpoint == Endpoint::Chat {
         queue.push_back(Out::Data(envelope.role_chunk().to_string()));
     }
-    if !echo.is_empty() {
-        queue.push_back(Out::Data(envelope.chunk(&echo, None, &[]).to_string()));
+    if !echo.text.is_empty() || !echo.logprobs.is_empty() {
+        let chunk = envelope.chunk(&echo.text, None, &echo.logprobs);
+        queue.push_back(Out::Data(chunk.to_string()));
     }
     stream::unfold(
         (generation, envelope, queue, false),
@@ -471,7 +481,7 @@ fn events(
     generations: Vec<Generation>,
     envelope: Envelope,
     include_usage: bool,
-    echo: String,
+    echo: Echo,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let choices = generations
         .into_iter()

@@ -20,17 +20,19 @@ pub fn chat(tok: &Tokenizer, entries: &[Logprob]) -> Value {
     };
     let content: Vec<Value> = entries
         .iter()
-        .map(|e| {
-            let mut v = entry(e.token, e.logprobs.logprob);
-            v["top_logprobs"] = e.logprobs.top.iter().map(|&(t, l)| entry(t, l)).collect();
-            v
+        .filter_map(|e| {
+            let l = e.logprobs.as_ref()?;
+            let mut v = entry(e.token, l.logprob);
+            v["top_logprobs"] = l.top.iter().map(|&(t, l)| entry(t, l)).collect();
+            Some(v)
         })
         .collect();
     json!({ "content": content })
 }
 
 /// Completions' `logprobs` for `entries`, whose text starts at character `offset` of the
-/// choice's text; moves `offset` past them.
+/// choice's text (`null` values for an entry without them, the prompt's first token);
+/// moves `offset` past them.
 pub fn completion(tok: &Tokenizer, entries: &[Logprob], offset: &mut usize) -> Value {
     let (mut tokens, mut logprobs, mut tops, mut offsets) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -39,14 +41,18 @@ pub fn completion(tok: &Tokenizer, entries: &[Logprob], offset: &mut usize) -> V
         offsets.push(*offset);
         *offset += text.chars().count();
         tokens.push(text);
-        logprobs.push(e.logprobs.logprob);
-        let top: Map<String, Value> = e
-            .logprobs
+        let Some(l) = &e.logprobs else {
+            logprobs.push(Value::Null);
+            tops.push(Value::Null);
+            continue;
+        };
+        logprobs.push(json!(l.logprob));
+        let top: Map<String, Value> = l
             .top
             .iter()
             .map(|&(t, l)| (token_text(tok, t).0, json!(l)))
             .collect();
-        tops.push(top);
+        tops.push(Value::Object(top));
     }
     json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
 }

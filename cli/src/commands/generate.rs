@@ -198,6 +198,7 @@ impl Generate<'_> {
             stop_ids: params.stop_ids.clone(),
             constraint,
             logprobs: self.args.logprobs.map(usize::from),
+            prompt_logprobs: None,
         })?;
         let mut ids = Vec::new();
         let mut logprobs = Vec::new();

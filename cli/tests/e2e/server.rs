@@ -1013,8 +1013,11 @@ fn response_formats_hold_through_the_openai_client() {
 /// client (`tests/sampling_client.py`), greedy: chat's `logprobs.content` (streamed and
 /// not) has one entry per token whose texts make the reply, each with 3 alternatives
 /// headed by itself; completions' `logprobs` lists tokens, log-probabilities, 2
-/// alternatives and text offsets; echo repeats the prompt; a +100 bias selects its token
-/// at every step, and the same token as a stop token id ends the output at once.
+/// alternatives and text offsets; echo repeats the prompt, and with logprobs lists the
+/// prompt's tokens first (the first without values), the same in both choices and
+/// streamed, followed by the generated tokens' values as a request without echo gets
+/// them; a +100 bias selects its token at every step, and the same token as a stop token
+/// id ends the output at once.
 #[test]
 fn logprobs_biases_and_penalties_through_the_openai_client() {
     let server = Server::start(&[]);
@@ -1065,14 +1068,21 @@ fn logprobs_biases_and_penalties_through_the_openai_client() {
     assert_eq!(streamed_text, text, "greedy: the same reply streamed");
     assert_eq!(streamed, *entries, "and the same log-probabilities");
 
+    let values = |lp: &Value, key: &str| lp[key].as_array().unwrap().clone();
+    let texts = |lp: &Value| -> Vec<String> {
+        serde_json::from_value(lp["tokens"].clone()).expect("token texts")
+    };
+    // The best of a position's two alternatives.
+    let best = |top: &Value| {
+        let top = top.as_object().unwrap();
+        assert_eq!(top.len(), 2, "{top:?}");
+        top.values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::MIN, f64::max)
+    };
     let completion = &r["completion"]["choices"][0];
     let lp = &completion["logprobs"];
-    let tokens: Vec<&str> = lp["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t.as_str().unwrap())
-        .collect();
+    let tokens = texts(lp);
     assert_eq!(tokens.concat(), completion["text"].as_str().unwrap());
     let offsets: Vec<u64> = serde_json::from_value(lp["text_offset"].clone()).unwrap();
     let mut at = 0;
@@ -1086,13 +1096,7 @@ fn logprobs_biases_and_penalties_through_the_openai_client() {
         .iter()
         .zip(lp["token_logprobs"].as_array().unwrap())
     {
-        let top = top.as_object().unwrap();
-        assert_eq!(top.len(), 2, "{top:?}");
-        let best = top
-            .values()
-            .map(|v| v.as_f64().unwrap())
-            .fold(f64::MIN, f64::max);
-        assert_eq!(best, l.as_f64().unwrap(), "greedy takes the top token");
+        assert_eq!(best(top), l.as_f64().unwrap(), "greedy takes the top token");
     }
 
     let echo = r["echo"]["choices"][0]["text"].as_str().unwrap();
@@ -1100,6 +1104,61 @@ fn logprobs_biases_and_penalties_through_the_openai_client() {
         echo.starts_with(COMPLETION_PROMPT) && echo.len() > COMPLETION_PROMPT.len(),
         "{echo}"
     );
+
+    let close = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
+        (Some(a), Some(b)) => (a - b).abs() < 1e-3,
+        _ => a == b,
+    };
+    let echoed = r["echo_logprobs"]["choices"].as_array().unwrap();
+    let usage = &r["echo_logprobs"]["usage"];
+    let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(echoed.len(), 2);
+    let lp = &echoed[0]["logprobs"];
+    let (logprobs, tops) = (values(lp, "token_logprobs"), values(lp, "top_logprobs"));
+    assert_eq!(logprobs.len(), prompt_tokens + 4, "{lp}");
+    assert_eq!((&logprobs[0], &tops[0]), (&Value::Null, &Value::Null));
+    let tokens = texts(lp);
+    assert_eq!(tokens.concat(), echoed[0]["text"].as_str().unwrap());
+    assert!(tokens[..prompt_tokens]
+        .concat()
+        .ends_with(COMPLETION_PROMPT));
+    for (l, top) in logprobs.iter().zip(&tops).skip(1) {
+        let best = best(top);
+        assert!(
+            l.as_f64().unwrap() <= best + 1e-6,
+            "{l} above the best {best}"
+        );
+    }
+    assert!(
+        logprobs[1..prompt_tokens]
+            .iter()
+            .any(|l| l.as_f64().unwrap() < -1.0),
+        "a prompt is not the model's greedy text: {lp}"
+    );
+    let other = values(&echoed[1]["logprobs"], "token_logprobs");
+    assert!(other.iter().zip(&logprobs).all(|(a, b)| close(a, b)));
+    let generated = values(&completion["logprobs"], "token_logprobs");
+    assert!(
+        logprobs[prompt_tokens..]
+            .iter()
+            .zip(&generated)
+            .all(|(a, b)| close(a, b)),
+        "the generated tokens' values as without echo: {lp}, {generated:?}"
+    );
+    let streamed: Vec<Value> = r["echo_logprobs_stream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["choices"].as_array().unwrap().clone())
+        .flat_map(|c| {
+            c["logprobs"]["token_logprobs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(streamed.len(), logprobs.len());
+    assert!(streamed.iter().zip(&logprobs).all(|(a, b)| close(a, b)));
 
     let biased = &r["biased"]["choices"][0];
     let tokens = biased["logprobs"]["tokens"].as_array().unwrap();

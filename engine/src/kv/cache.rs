@@ -151,7 +151,13 @@ impl<B: Backend> PagedKv<B> {
     /// (see [`BlockPool::add_sequence_with_prefix`]): as many tokens as each pool holds
     /// the keys of. Returns it and the tokens it holds.
     pub fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize) {
-        let (mut id, mut held) = self.pool.add_sequence_with_prefix(tokens);
+        self.add_sequence_with_prefix_upto(tokens, usize::MAX)
+    }
+
+    /// [`Self::add_sequence_with_prefix`] reusing at most `cap` tokens (0: none, its own
+    /// blocks still indexed for later sequences).
+    pub fn add_sequence_with_prefix_upto(&mut self, tokens: &[u32], cap: usize) -> (SeqId, usize) {
+        let (mut id, mut held) = self.pool.add_sequence_with_prefix_upto(tokens, cap);
         loop {
             let Some(s) = &mut self.sliding else {
                 return (id, held);

@@ -14,9 +14,9 @@ pub trait KvBlocks {
     fn capacity_tokens(&self) -> usize;
     /// Registers an empty sequence.
     fn add_sequence(&mut self) -> SeqId;
-    /// Registers a sequence that starts with the cached blocks matching `tokens` (with the
-    /// prefix cache on); returns it and the tokens it already holds.
-    fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize);
+    /// Registers a sequence that starts with the cached blocks matching at most `cap` of
+    /// `tokens` (with the prefix cache on); returns it and the tokens it already holds.
+    fn add_sequence_with_prefix(&mut self, tokens: &[u32], cap: usize) -> (SeqId, usize);
     /// Frees a sequence from [`Self::add_sequence_with_prefix`] that never ran.
     fn abandon_sequence(&mut self, seq: SeqId);
     /// Offers `seq`'s full blocks, holding `tokens`, to the prefix cache (and with
@@ -49,8 +49,8 @@ impl KvBlocks for BlockPool {
         BlockPool::add_sequence(self)
     }
 
-    fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize) {
-        BlockPool::add_sequence_with_prefix(self, tokens)
+    fn add_sequence_with_prefix(&mut self, tokens: &[u32], cap: usize) -> (SeqId, usize) {
+        BlockPool::add_sequence_with_prefix_upto(self, tokens, cap)
     }
 
     fn index_prefix(&mut self, seq: SeqId, tokens: &[u32], finished: bool) {
@@ -97,8 +97,8 @@ impl<B: Backend> KvBlocks for PagedKv<B> {
         PagedKv::add_sequence(self)
     }
 
-    fn add_sequence_with_prefix(&mut self, tokens: &[u32]) -> (SeqId, usize) {
-        PagedKv::add_sequence_with_prefix(self, tokens)
+    fn add_sequence_with_prefix(&mut self, tokens: &[u32], cap: usize) -> (SeqId, usize) {
+        PagedKv::add_sequence_with_prefix_upto(self, tokens, cap)
     }
 
     fn index_prefix(&mut self, seq: SeqId, tokens: &[u32], finished: bool) {

@@ -66,6 +66,9 @@ pub struct Entry {
     pub preemptions: u32,
     /// The most tokens it had computed when it was preempted (0 if never).
     pub lost: usize,
+    /// `Some(n)`: every position of its prompt is computed (none taken from the prefix
+    /// cache), at most `n` a step, because their logits are read (prompt log-probabilities).
+    pub prompt_chunk: Option<usize>,
 }
 
 impl Entry {

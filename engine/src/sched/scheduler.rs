@@ -165,9 +165,18 @@ impl Scheduler {
                 seq: None,
                 preemptions: 0,
                 lost: 0,
+                prompt_chunk: None,
             },
         );
         Ok(id)
+    }
+
+    /// Has `id` compute every position of its prompt, at most `chunk` tokens a step,
+    /// without the prefix cache: the logits of each are read.
+    pub fn compute_whole_prompt(&mut self, id: RequestId, chunk: usize) {
+        if let Some(r) = self.requests.get_mut(&id) {
+            r.prompt_chunk = Some(chunk.max(1));
+        }
     }
 
     /// A request's progress.
@@ -245,6 +254,9 @@ impl Scheduler {
             let r = &self.requests[&id];
             let seq = r.seq.expect("admitted");
             let mut n = r.pending().min(budget);
+            if let Some(chunk) = r.prompt_chunk.filter(|_| r.computed < r.prompt_len) {
+                n = n.min(chunk);
+            }
             let mut needed = kv.blocks_needed(seq, n);
             if needed > free {
                 free += self.trim_to_window(&order, needed - free, kv);
@@ -314,7 +326,11 @@ impl Scheduler {
     fn admit(&mut self, id: RequestId, kv: &mut impl KvBlocks, free: &mut usize) -> bool {
         let r = self.requests.get_mut(&id).expect("in flight");
         let before = kv.free_blocks();
-        let (seq, hit) = kv.add_sequence_with_prefix(&r.tokens);
+        let cap = match r.prompt_chunk {
+            Some(_) => 0,
+            None => usize::MAX,
+        };
+        let (seq, hit) = kv.add_sequence_with_prefix(&r.tokens, cap);
         let revived = before - kv.free_blocks();
         if revived > *free {
             kv.abandon_sequence(seq);

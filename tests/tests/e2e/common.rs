@@ -379,6 +379,7 @@ pub fn serve_waves<B: EngineBackend>(
                 stop_ids: vec![],
                 constraint: None,
                 logprobs: None,
+                prompt_logprobs: None,
             };
             ids.insert(engine.submit(request).unwrap(), i);
         }

@@ -76,6 +76,7 @@ impl BackendTask for Batching {
                     stop_ids: vec![],
                     constraint: None,
                     logprobs: None,
+                    prompt_logprobs: None,
                 })
                 .unwrap();
             ids.insert(id, i);
@@ -87,6 +88,7 @@ impl BackendTask for Batching {
             for event in engine.step().unwrap() {
                 match event {
                     Event::Token { id, token, .. } => got[ids[&id]].push(token),
+                    Event::PromptLogprobs { .. } => {}
                     Event::Finished { .. } => finished += 1,
                 }
             }
@@ -234,6 +236,7 @@ impl BackendTask for Threaded {
             stop_ids: vec![],
             constraint: None,
             logprobs: None,
+            prompt_logprobs: None,
         };
         let want: Vec<Vec<u32>> = (0..2)
             .map(|i| {
@@ -439,6 +442,7 @@ impl BackendTask for Window {
                     stop_ids: vec![],
                     constraint: None,
                     logprobs: None,
+                    prompt_logprobs: None,
                 };
                 ids.insert(engine.submit(request).unwrap(), i);
             }

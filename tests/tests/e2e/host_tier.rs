@@ -98,6 +98,7 @@ impl BackendTask for Pressure {
             stop_ids: vec![],
             constraint: None,
             logprobs: None,
+            prompt_logprobs: None,
         };
         let mut ids: HashMap<RequestId, usize> = HashMap::new();
         let first = if staggered { 1 } else { prompts.len() };

@@ -1,6 +1,7 @@
 //! What a request asks of sampling besides its temperature, on the real model (SmolLM2,
-//! CPU backend): log-probabilities equal to the reference path's log-softmax, and logit
-//! biases and penalties steering the tokens as OpenAI documents them.
+//! CPU backend): log-probabilities (of generated and of prompt tokens) equal to the
+//! reference path's log-softmax, and logit biases and penalties steering the tokens as
+//! OpenAI documents them.
 
 use std::collections::HashMap;
 
@@ -12,7 +13,7 @@ use fornax_engine::sampling::{Adjustments, SamplingParams, TokenLogprobs, BAN};
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::score::token_logprobs;
 use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
-use fornax_engine::{Engine, EngineBackend, Event, Request};
+use fornax_engine::{Engine, EngineBackend, Event, Request, PROMPT_SCORE_CHUNK};
 
 use crate::common::{model_file, run_on};
 
@@ -45,6 +46,20 @@ impl Ask {
     }
 }
 
+/// The real model's tokenizer and weights on `device`.
+fn load<B: EngineBackend>(device: &B::Device) -> (Tokenizer, Model<B>) {
+    let gguf = GgufFile::parse(model_file().bytes()).unwrap();
+    let tok = Tokenizer::from_gguf(&gguf).unwrap();
+    let model = Model::<B>::from_gguf(&gguf, device, &mut |_, _| {}).unwrap();
+    (tok, model)
+}
+
+/// An engine over `model` with a pool of 256 FP32 blocks.
+fn engine<B: EngineBackend>(model: &Model<B>) -> Engine<'_, B> {
+    let kv = model.new_paged_cache(KvCapacity::f32_only(256), TierPolicy::ALL_F32);
+    Engine::new(model, kv, SchedulerConfig::default(), PolicyKind::default())
+}
+
 /// Each request's prompt, tokens and log-probabilities.
 type Outputs = Vec<(Vec<u32>, Vec<u32>, Vec<Option<Box<TokenLogprobs>>>)>;
 
@@ -61,16 +76,8 @@ impl BackendTask for Run {
     type Output = (Outputs, Vec<f32>);
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
-        let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let tok = Tokenizer::from_gguf(&gguf).unwrap();
-        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
-        let kv = model.new_paged_cache(KvCapacity::f32_only(256), TierPolicy::ALL_F32);
-        let mut engine = Engine::new(
-            &model,
-            kv,
-            SchedulerConfig::default(),
-            PolicyKind::default(),
-        );
+        let (tok, model) = load::<B>(&device);
+        let mut engine = engine(&model);
         let mut at = HashMap::new();
         let mut out: Outputs = Vec::new();
         for (i, ask) in self.asks.iter().enumerate() {
@@ -85,6 +92,7 @@ impl BackendTask for Run {
                 stop_ids: Vec::new(),
                 constraint: None,
                 logprobs: ask.logprobs,
+                prompt_logprobs: None,
             };
             at.insert(engine.submit(request).unwrap(), i);
             out.push((prompt, Vec::new(), Vec::new()));
@@ -214,4 +222,125 @@ fn logit_bias_and_penalties_steer_the_tokens() {
     let (before, after) = (most(&base[0].1), most(&steered[2].1));
     eprintln!("most repeats of one token: {before} without the penalty, {after} with it");
     assert!(after * 2 <= before, "{before} -> {after}");
+}
+
+/// A prompt of several score chunks run three times through an engine with the prefix
+/// cache: plainly, then with `prompt_logprobs` beside a short request, then plainly again.
+/// Returns the prompt, the scored request's prompt events (each a list of entries) and
+/// tokens, the plain first run's tokens, the prefix cache's hit tokens after each run,
+/// and the reference path's log-probabilities of the prompt.
+struct PromptScores;
+
+type PromptScored = (
+    Vec<u32>,
+    Vec<Vec<TokenLogprobs>>,
+    Vec<u32>,
+    Vec<u32>,
+    [u64; 3],
+    Vec<f32>,
+);
+
+impl BackendTask for PromptScores {
+    type Output = PromptScored;
+
+    fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
+        let (tok, model) = load::<B>(&device);
+        let mut engine = engine(&model).with_prefix_cache();
+        let text: String = (1..=24)
+            .map(|i| {
+                format!(
+                    "On day {i} the baker sold {} loaves and {} cakes. ",
+                    i * 7,
+                    i % 5
+                )
+            })
+            .collect();
+        let prompt = tok.encode_prompt(&text, false).unwrap();
+        let request = |prompt: Vec<u32>, prompt_logprobs| Request {
+            prompt,
+            max_tokens: 6,
+            qos: 0,
+            sampling: SamplingParams::greedy(),
+            stop_ids: Vec::new(),
+            constraint: None,
+            logprobs: None,
+            prompt_logprobs,
+        };
+        let mut run = |requests: Vec<Request>| {
+            let ids: Vec<_> = requests
+                .into_iter()
+                .map(|r| engine.submit(r).unwrap())
+                .collect();
+            let (mut scores, mut tokens) = (Vec::new(), Vec::new());
+            while !engine.is_idle() {
+                for event in engine.step().unwrap() {
+                    match event {
+                        Event::PromptLogprobs { id, logprobs } => {
+                            assert_eq!(id, ids[0]);
+                            assert!(tokens.is_empty(), "the prompt's values come first");
+                            scores.push(logprobs);
+                        }
+                        Event::Token { id, token, .. } if id == ids[0] => tokens.push(token),
+                        _ => {}
+                    }
+                }
+            }
+            let hits = engine.kv.pool.prefix_stats().expect("on").hit_tokens;
+            (scores, tokens, hits)
+        };
+        let (_, plain, first) = run(vec![request(prompt.clone(), None)]);
+        let short = tok.encode_prompt("Count to five.", false).unwrap();
+        let (scores, tokens, second) =
+            run(vec![request(prompt.clone(), Some(3)), request(short, None)]);
+        let (_, _, third) = run(vec![request(prompt.clone(), None)]);
+        let reference = token_logprobs(&model, &prompt, 64).unwrap();
+        (
+            prompt,
+            scores,
+            tokens,
+            plain,
+            [first, second, third],
+            reference,
+        )
+    }
+}
+
+/// `prompt_logprobs` on a prompt of several score chunks, batched beside a short request,
+/// with the prefix cache holding the whole prompt: every prompt token after the first
+/// gets its log-probability, equal to the reference path's within 1e-3, in one event per
+/// chunk before any generated token, with 3 alternatives that bound it; the prompt is
+/// computed in full (no token from the cache, which a plain request then reuses), and the
+/// generated tokens equal the plain run's.
+#[test]
+fn prompt_logprobs_equal_the_reference_log_softmax() {
+    let (prompt, scores, tokens, plain, hits, reference) =
+        run_on(BackendKind::Cpu, PromptScores).unwrap();
+    assert!(prompt.len() > 2 * PROMPT_SCORE_CHUNK, "{}", prompt.len());
+    assert_eq!(scores.len(), prompt.len().div_ceil(PROMPT_SCORE_CHUNK));
+    let scores: Vec<TokenLogprobs> = scores.into_iter().flatten().collect();
+    assert_eq!(scores.len(), prompt.len() - 1);
+    assert_eq!(reference.len(), scores.len());
+    let mut worst = 0f32;
+    for ((lp, &want), &token) in scores.iter().zip(&reference).zip(&prompt[1..]) {
+        worst = worst.max((lp.logprob - want).abs());
+        assert_eq!(lp.top.len(), 3);
+        assert!(lp.top[0].1 >= lp.logprob - 1e-6, "{lp:?}");
+        assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        if lp.top.iter().any(|&(t, _)| t == token) {
+            let listed = lp.top.iter().find(|&&(t, _)| t == token).unwrap().1;
+            assert_eq!(listed, lp.logprob);
+        }
+    }
+    eprintln!(
+        "{} prompt tokens; largest difference from the reference: {worst:.2e}; prefix hits {hits:?}",
+        prompt.len()
+    );
+    assert!(worst < 1e-3, "{worst}");
+    assert_eq!(tokens, plain, "scoring the prompt changes no token");
+    assert_eq!(hits[0], 0);
+    assert_eq!(hits[1], hits[0], "the scored prompt is computed in full");
+    assert!(
+        hits[2] > hits[1],
+        "and its blocks are cached for others: {hits:?}"
+    );
 }

@@ -69,6 +69,7 @@ fn serve<B: EngineBackend>(
             stop_ids: vec![],
             constraint: None,
             logprobs: None,
+            prompt_logprobs: None,
         };
         ids.insert(engine.submit(request).unwrap(), i);
     }

@@ -127,6 +127,7 @@ impl BackendTask for Counted {
                 stop_ids: tok.stop_ids(),
                 constraint: Some(compiler.compile(grammar).unwrap()),
                 logprobs: None,
+                prompt_logprobs: None,
             };
             ids.insert(engine.submit(request).unwrap(), i);
         }
@@ -136,6 +137,7 @@ impl BackendTask for Counted {
             for event in engine.step().unwrap() {
                 match event {
                     Event::Token { id, token, .. } => tokens[ids[&id]].push(token),
+                    Event::PromptLogprobs { .. } => {}
                     Event::Finished { id, reason } => reasons[ids[&id]] = Some(reason),
                 }
             }
