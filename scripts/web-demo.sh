@@ -106,6 +106,9 @@ test)
     prompt="The capital of France is"
     native=$(cargo run --release -q -p fornax -- generate "$prompt" --max-tokens 8 --json --backend wgpu)
     echo "native: $native" >&2
+    schema=web-demo/tests/schema.json
+    constrained=$(cargo run --release -q -p fornax -- generate "$prompt" --json-schema "$schema" --max-tokens 24 --json --backend wgpu)
+    echo "native under $schema: $constrained" >&2
     gemma=$(cargo run --release -q -p fornax -- generate "$prompt" --model gemma3-270m --max-tokens 1 --json --backend wgpu)
     echo "native Gemma 3: $gemma" >&2
     ids() { python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["generated_ids"]))'; }
@@ -115,6 +118,7 @@ test)
     NODE_PATH="$NODE_DIR/node_modules" node web-demo/tests/e2e.mjs \
         --site "$SITE" --model models/SmolLM2-135M-Instruct.Q4_1.gguf --prompt "$prompt" \
         --expect "$(ids <<<"$native")" \
+        --schema "$(cat "$schema")" --schema-expect "$(ids <<<"$constrained")" \
         --picked models/gemma-3-270m-q4_k_m.gguf --picked-expect "$(ids <<<"$gemma")" \
         --out "$out"
     ;;

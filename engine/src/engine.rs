@@ -78,12 +78,21 @@ struct Decoding {
     /// log-probability is to be reported.
     prompt_logprobs: Option<usize>,
     scored: usize,
+    /// Whether this step's draft is its grammar's forced tokens (not speculation).
+    forced_draft: bool,
 }
 
 impl Decoding {
-    /// Whether its tokens are chosen on the host, one at a time (no drafts).
+    /// Whether its tokens are chosen on the host.
     fn hosted(&self) -> bool {
         self.constraint.is_some() || self.logprobs.is_some() || self.sampler.needs_host()
+    }
+
+    /// Whether it may speculate: not hosted, or hosted for its grammar only (the matcher
+    /// checks its drafts, and each drafted row is sampled under the mask after the draft
+    /// tokens before it). Penalties and log-probabilities take one token at a time.
+    fn speculates(&self) -> bool {
+        self.logprobs.is_none() && !self.sampler.needs_host()
     }
 }
 
@@ -206,6 +215,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                     .prompt_logprobs
                     .map(|n| n.min(crate::sampling::MAX_TOP_LOGPROBS)),
                 scored: 1,
+                forced_draft: false,
             },
         );
         if request.prompt_logprobs.is_some() {
@@ -239,7 +249,8 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
 
     /// Drafts for the requests that decode next (their context computed but the last
     /// token) and have at least two tokens to go: the tokens a grammar forces (with
-    /// forcing on), and the proposer's drafts (with speculation on) for the others.
+    /// forcing on), and the proposer's drafts (with speculation on) for the others, a
+    /// constrained request's cut where its grammar refuses a token.
     fn propose(&mut self) -> HashMap<RequestId, Vec<u32>> {
         let mut drafts = HashMap::new();
         let mut ids = Vec::new();
@@ -262,17 +273,20 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 .map_or(usize::MAX, |t| t - start - 1);
             let longest = (to_go - 1).min(before_ageing);
             let decoding = self.decoding.get_mut(&r.id).expect("in flight");
-            if decoding.hosted() {
-                // Only a grammar's forced tokens: the other tokens of a request chosen on
-                // the host each need the mask (or penalties) after the one before.
-                let forcing = self.force_tokens && decoding.logprobs.is_none();
-                if let Some(c) = decoding.constraint.as_mut().filter(|_| forcing) {
-                    let mut forced = c.forced();
-                    forced.truncate(longest);
-                    if !forced.is_empty() {
-                        drafts.insert(r.id, forced);
-                    }
+            decoding.forced_draft = false;
+            // A grammar's forced tokens first (a request with log-probabilities samples
+            // every token).
+            let forcing = self.force_tokens && decoding.logprobs.is_none();
+            if let Some(c) = decoding.constraint.as_mut().filter(|_| forcing) {
+                let mut forced = c.forced();
+                forced.truncate(longest);
+                if !forced.is_empty() {
+                    decoding.forced_draft = true;
+                    drafts.insert(r.id, forced);
+                    continue;
                 }
+            }
+            if !decoding.speculates() {
                 continue;
             }
             let Some(spec) = self.speculation.as_ref() else {
@@ -297,7 +311,16 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
         }
         if let (Some(spec), false) = (self.speculation.as_mut(), requests.is_empty()) {
             let proposed = spec.proposer.propose(self.model, &mut self.kv, &requests);
-            drafts.extend(ids.into_iter().zip(proposed).filter(|(_, d)| !d.is_empty()));
+            for (id, mut draft) in ids.into_iter().zip(proposed) {
+                // A constrained request's draft stops where its grammar refuses a token.
+                let d = self.decoding.get_mut(&id).expect("in flight");
+                if let Some(c) = d.constraint.as_mut() {
+                    draft.truncate(c.valid_prefix(&draft));
+                }
+                if !draft.is_empty() {
+                    drafts.insert(id, draft);
+                }
+            }
         }
         drafts
     }
@@ -401,8 +424,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                     d.sampler.draw();
                 }
                 if s.drafted > 0 {
-                    // A constrained request's draft is its forced tokens, not speculation.
-                    if d.constraint.is_some() {
+                    if d.forced_draft {
                         self.forced_tokens += *accepted as u64;
                     } else {
                         d.acceptance.record(s.drafted, *accepted, plan.batch.len());
@@ -513,16 +535,17 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
     /// has (`1 + drafted`, in batch order), each row drawn with the next draw of the
     /// request's generator; picked on the device where the backend can (one id read back
     /// per row), on the host for requests that need it ([`Decoding::hosted`]), with their
-    /// log-probabilities where asked. A constrained request's draft is the tokens its
-    /// grammar forces: they are taken as they are, and only its last row is sampled,
-    /// under the mask after them.
+    /// log-probabilities where asked. A constrained request's rows are sampled under the
+    /// masks after the drafted tokens before them; when its draft is the tokens its
+    /// grammar forces, they are taken as they are and only its last row is sampled.
     #[allow(clippy::type_complexity)]
     fn pick(
         &mut self,
         batch: &[Scheduled],
         logits: Tensor<B, 2>,
     ) -> Vec<Option<(Vec<u32>, Option<TokenLogprobs>)>> {
-        // The grammars' masks first (they advance the matchers' state), then the rows.
+        // The grammars' masks first (they advance the matchers' state), then the rows:
+        // one per row the host samples (after forced tokens, the last row's only).
         let mut masks = HashMap::new();
         for s in batch.iter().filter(|s| s.samples) {
             let d = self.decoding.get_mut(&s.id).expect("in flight");
@@ -531,12 +554,13 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             let Some(c) = d.constraint.as_mut() else {
                 continue;
             };
-            let mask = match s.drafted {
-                0 => c.mask(),
-                _ => c.mask_after(s.draft()),
+            let rows = match (s.drafted, d.forced_draft) {
+                (0, _) => c.mask().map(|m| vec![m]),
+                (_, true) => c.mask_after(s.draft()).map(|m| vec![m]),
+                (_, false) => c.masks_along(s.draft()),
             };
-            if let Ok(mask) = mask {
-                masks.insert(s.id, mask);
+            if let Ok(rows) = rows {
+                masks.insert(s.id, rows.into_iter());
             }
         }
         let mut rows = Vec::new();
@@ -549,27 +573,23 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             let n = 1 + s.drafted;
             if s.samples {
                 let d = &self.decoding[&s.id];
-                let mut chain = sampler_chain(&d.sampler, n);
-                // Hosted requests have one row, or forced tokens and one row to sample.
-                let host = d.hosted().then(|| HostRow {
-                    mask: masks.remove(&s.id),
-                    history: &d.history,
-                    logprobs: d.logprobs,
-                });
-                match host {
-                    Some(host) => {
-                        rows.push(row + n - 1);
-                        samplers.push(chain.pop().expect("a row"));
-                        hosted.push(Some(host));
-                        shapes.push((s.draft(), 1));
-                    }
-                    None => {
-                        rows.extend(row..row + n);
-                        samplers.extend(chain);
-                        hosted.extend(std::iter::repeat_n(None, n));
-                        shapes.push((&[][..], n));
-                    }
-                }
+                // Forced tokens are taken as they are: only the row after them samples.
+                let (known, first) = match s.drafted > 0 && d.forced_draft {
+                    true => (s.draft(), n - 1),
+                    false => (&[][..], 0),
+                };
+                let chain = sampler_chain(&d.sampler, n).into_iter().skip(first);
+                rows.extend(row + first..row + n);
+                samplers.extend(chain);
+                shapes.push((known, n - first));
+                let mut row_masks = masks.remove(&s.id);
+                hosted.extend((first..n).map(|_| {
+                    d.hosted().then(|| HostRow {
+                        mask: row_masks.as_mut().and_then(Iterator::next),
+                        history: &d.history,
+                        logprobs: d.logprobs,
+                    })
+                }));
             }
             row += n;
         }

@@ -1,9 +1,11 @@
-//! The generation loop for one sequence: chunked prefill, then one token per step.
+//! The generation loop for one sequence: chunked prefill, then one token per step (and
+//! the tokens a grammar forces with it).
 
 use crate::device_counts::{read_back, read_back_async};
 use crate::EngineBackend;
 use burn_tensor::{backend::Backend, Tensor, TensorData};
 
+use crate::grammar::Constraint;
 use crate::model::{Logits, Model, ModelError};
 use crate::sampling::{pick_rows, pick_rows_async, Sampler, SamplingParams};
 use crate::seq_cache::SeqCache;
@@ -86,14 +88,22 @@ pub fn prefill<B: EngineBackend>(
 
 /// One sequence's generation as steps, for callers that read the logits back themselves
 /// (asynchronously in a browser): [`Generation::start`] runs the prompt, then
-/// [`Generation::sample`] picks a token from the logits read back and
-/// [`Generation::advance`] runs it, until [`Generation::finished`].
+/// [`Generation::pick`] (or [`Generation::sample`]) picks a token from the last pass's
+/// logits and [`Generation::advance`] runs it, until [`Generation::finished`]. Under a
+/// grammar ([`Generation::with_constraint`]) each token is sampled under its mask on the
+/// host, and the tokens the grammar forces after it join it ([`Generation::pending`]) and
+/// run in the same pass.
 pub struct Generation<'m, B: EngineBackend, C: SeqCache<B>> {
     model: &'m Model<B>,
     cache: C,
     params: GenerateParams,
     sampler: Sampler,
+    constraint: Option<Constraint>,
+    /// Whether the grammar was completed by a sampled token.
+    complete: bool,
     tokens: Vec<u32>,
+    /// Tokens already run through the model (the others run in the next pass).
+    fed: usize,
 }
 
 impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
@@ -109,30 +119,75 @@ impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
             model,
             cache,
             sampler: Sampler::new(params.sampling.clone()),
+            constraint: None,
+            complete: false,
             tokens: Vec::with_capacity(params.max_tokens),
+            fed: 0,
             params,
         };
         Ok((generation, logits))
     }
 
-    /// Picks the next token from the logits of the last pass and records it.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let token = self.sampler.sample(logits);
+    /// Makes the output match `constraint`'s grammar; it ends when the grammar is complete.
+    pub fn with_constraint(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// Picks the next token from the logits read back and records it (with the tokens the
+    /// grammar then forces).
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, ModelError> {
+        let Some(c) = self.constraint.as_mut() else {
+            let token = self.sampler.sample(logits);
+            self.tokens.push(token);
+            return Ok(token);
+        };
+        let mut row = logits.to_vec();
+        c.mask()?.apply(&mut row);
+        let token = self.sampler.sample(&row);
         self.tokens.push(token);
-        token
+        // A grammar completed by the sampled token ends the generation; one completed by
+        // forced tokens ends at the token sampled after them (the end token, all its mask
+        // allows, which it does not consume), as in the engine.
+        if !c.is_finished() {
+            c.consume(&[token])?;
+        }
+        self.complete = c.is_finished();
+        if self.complete || self.params.stop_ids.contains(&token) {
+            return Ok(token);
+        }
+        // Forced tokens fit what is left of `max_tokens` and of the context.
+        let held = self.cache.cached() + self.tokens.len() - self.fed;
+        let room = (self.params.max_tokens - self.tokens.len())
+            .min(self.model.config.max_seq_len.saturating_sub(held));
+        let mut forced = c.forced();
+        forced.truncate(room);
+        c.consume(&forced)?;
+        // The generator moves one draw per token, as the engine's does.
+        for _ in &forced {
+            self.sampler.draw();
+        }
+        self.tokens.extend(forced);
+        Ok(token)
     }
 
     /// Picks the next token from the last pass's logits where they are (on the device
-    /// where the backend can, reading back one id; else the row is read back and sampled)
-    /// and records it.
-    pub fn pick(&mut self, logits: Tensor<B, 2>) -> u32 {
+    /// where the backend can, reading back one id; else the row is read back and sampled;
+    /// always the row under a grammar) and records it.
+    pub fn pick(&mut self, logits: Tensor<B, 2>) -> Result<u32, ModelError> {
+        if self.constraint.is_some() {
+            return self.sample(&logits_to_vec(logits));
+        }
         let token = pick_rows(logits, &mut [&mut self.sampler])[0];
         self.tokens.push(token);
-        token
+        Ok(token)
     }
 
     /// [`Generation::pick`] without blocking the thread (in a browser).
     pub async fn pick_async(&mut self, logits: Tensor<B, 2>) -> Result<u32, ModelError> {
+        if self.constraint.is_some() {
+            return self.sample(&logits_to_vec_async(logits).await?);
+        }
         let token = pick_rows_async(logits, &mut [&mut self.sampler])
             .await
             .map_err(ModelError::Readback)?[0];
@@ -140,21 +195,33 @@ impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
         Ok(token)
     }
 
-    /// Whether generation ends here: `max_tokens` reached, a stop token sampled, or the
-    /// context full.
-    pub fn finished(&self) -> bool {
-        self.tokens.len() >= self.params.max_tokens
-            || self
-                .tokens
-                .last()
-                .is_some_and(|t| self.params.stop_ids.contains(t))
-            || self.cache.cached() + 1 > self.model.config.max_seq_len
+    /// The tokens the next pass runs: the one picked last and those its grammar forced.
+    pub fn pending(&self) -> &[u32] {
+        &self.tokens[self.fed..]
     }
 
-    /// Runs the last sampled token through the model and returns its logits.
+    /// Whether generation ends here: `max_tokens` reached, a stop token sampled, the
+    /// grammar complete, or the context full.
+    pub fn finished(&self) -> bool {
+        self.tokens.len() >= self.params.max_tokens
+            || self.tokens[self.fed..]
+                .iter()
+                .any(|t| self.params.stop_ids.contains(t))
+            || self.complete
+            || self.cache.cached() + self.pending().len() > self.model.config.max_seq_len
+    }
+
+    /// Runs the tokens picked (and forced) since the last pass through the model and
+    /// returns the logits of the last.
     pub fn advance(&mut self) -> Result<Tensor<B, 2>, ModelError> {
-        let last = *self.tokens.last().ok_or(ModelError::EmptyInput)?;
-        self.cache.forward(self.model, &[last], Logits::Last)
+        if self.fed == self.tokens.len() {
+            return Err(ModelError::EmptyInput);
+        }
+        let logits = self
+            .cache
+            .forward(self.model, &self.tokens[self.fed..], Logits::Last)?;
+        self.fed = self.tokens.len();
+        Ok(logits)
     }
 
     /// The tokens generated so far.
@@ -194,7 +261,7 @@ pub fn generate_in<B: EngineBackend>(
     }
     let (mut generation, mut logits) = Generation::start(model, cache, prompt, params.clone())?;
     loop {
-        let token = generation.pick(logits);
+        let token = generation.pick(logits)?;
         if !on_token(token) || generation.finished() {
             return Ok(generation.into_tokens());
         }

@@ -1,10 +1,13 @@
 //! A model loaded onto the WebGPU device with its tokenizer and a paged KV pool, and
-//! generation over it that reads logits back asynchronously (WebGPU cannot block).
+//! generation over it that reads logits back asynchronously (WebGPU cannot block),
+//! optionally under a JSON schema (llguidance, compiled to wasm with the engine).
 
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 
 use fornax_engine::gguf::GgufFile;
+use fornax_engine::grammar::{Constraint, Grammar, GrammarCompiler};
 use fornax_engine::kv::{KvCapacity, PagedKv, Tier, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{LoadOptions, Model};
 use fornax_engine::sampling::SamplingParams;
@@ -28,7 +31,9 @@ pub struct Session {
 
 struct Inner {
     model: Model<WebBackend>,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
+    /// Built at the first schema (the vocabulary's token trie).
+    grammars: OnceCell<GrammarCompiler>,
     /// One sequence at a time; borrowed for the length of a generation.
     kv: RefCell<PagedKv<WebBackend>>,
     adapter: Adapter,
@@ -83,7 +88,8 @@ impl Session {
         Ok(Session {
             inner: Rc::new(Inner {
                 model,
-                tokenizer,
+                tokenizer: Arc::new(tokenizer),
+                grammars: OnceCell::new(),
                 kv: RefCell::new(kv),
                 adapter,
                 summary,
@@ -114,13 +120,17 @@ impl Session {
 
     /// Generates up to `max_tokens` tokens after `prompt` (greedy when `temperature` is
     /// 0), calling `on_token(id, text)` as each arrives, with the text it completes
-    /// (stop tokens give none); `on_token` returning `false` stops. Resolves to the ids.
+    /// (stop tokens give none); `on_token` returning `false` stops. With a JSON `schema`
+    /// (not empty) the output is a value valid for it: each token sampled under its mask,
+    /// the tokens it forces run together; a schema that cannot be enforced is an error.
+    /// Resolves to the ids.
     pub fn generate(
         &self,
         prompt: Vec<u32>,
         max_tokens: usize,
         temperature: f32,
         seed: u32,
+        schema: Option<String>,
         on_token: Function,
     ) -> Promise {
         let inner = self.inner.clone();
@@ -135,8 +145,12 @@ impl Session {
                 stop_ids: inner.tokenizer.stop_ids(),
                 ..GenerateParams::default()
             };
+            let constraint = match schema.as_deref().map(str::trim) {
+                None | Some("") => None,
+                Some(schema) => Some(inner.constraint(schema)?),
+            };
             inner
-                .generate(&prompt, params, &on_token)
+                .generate(&prompt, params, constraint, &on_token)
                 .await
                 .map(|ids| Uint32Array::from(ids.as_slice()).into())
                 .map_err(Into::into)
@@ -145,6 +159,22 @@ impl Session {
 }
 
 impl Inner {
+    /// The grammar of a JSON schema's text, compiled against the vocabulary.
+    fn constraint(&self, schema: &str) -> Result<Constraint, JsError> {
+        let schema = serde_json::from_str(schema)
+            .map_err(|e| JsError::new(&format!("the JSON schema does not parse: {e}")))?;
+        let compiler = match self.grammars.get() {
+            Some(c) => c,
+            None => {
+                let c = GrammarCompiler::new(self.tokenizer.clone()).map_err(js_error)?;
+                self.grammars.get_or_init(|| c)
+            }
+        };
+        compiler
+            .compile(&Grammar::JsonSchema(schema))
+            .map_err(|e| JsError::new(&format!("the schema cannot be enforced: {e}")))
+    }
+
     // The pool's borrow is held across awaits on purpose: it is the lock that keeps one
     // generation at a time; a second one gets an error from `try_borrow_mut`, no panic.
     #[allow(clippy::await_holding_refcell_ref)]
@@ -152,6 +182,7 @@ impl Inner {
         &self,
         prompt: &[u32],
         params: GenerateParams,
+        constraint: Option<Constraint>,
         on_token: &Function,
     ) -> Result<Vec<u32>, JsError> {
         let mut kv = self
@@ -162,22 +193,32 @@ impl Inner {
         let seq = PagedSeq::new(&mut kv);
         let (mut generation, mut logits) =
             Generation::start(&self.model, seq, prompt, params).map_err(js_error)?;
+        if let Some(c) = constraint {
+            generation = generation.with_constraint(c);
+        }
         let mut text = TextStream::default();
         loop {
-            let token = generation.pick_async(logits).await.map_err(js_error)?;
+            generation.pick_async(logits).await.map_err(js_error)?;
             let done = generation.finished();
-            let mut piece = match stop_ids.contains(&token) {
-                true => String::new(),
-                false => text.push(self.tokenizer.token_bytes(token).map_err(js_error)?),
-            };
-            if done {
-                piece.push_str(&text.finish());
-            }
-            let go_on = on_token
-                .call2(&JsValue::NULL, &token.into(), &piece.into())
-                .map_err(|e| JsError::new(&format!("on_token threw: {e:?}")))?;
-            if go_on == JsValue::FALSE || done {
-                return Ok(generation.into_tokens());
+            let pending = generation.pending().to_vec();
+            for (i, &token) in pending.iter().enumerate() {
+                let mut piece = match stop_ids.contains(&token) {
+                    true => String::new(),
+                    false => text.push(self.tokenizer.token_bytes(token).map_err(js_error)?),
+                };
+                let last = done && i + 1 == pending.len();
+                if last {
+                    piece.push_str(&text.finish());
+                }
+                let go_on = on_token
+                    .call2(&JsValue::NULL, &token.into(), &piece.into())
+                    .map_err(|e| JsError::new(&format!("on_token threw: {e:?}")))?;
+                if go_on == JsValue::FALSE || last {
+                    // Forced tokens after a stop were never shown.
+                    let mut tokens = generation.into_tokens();
+                    tokens.truncate(tokens.len() + i + 1 - pending.len());
+                    return Ok(tokens);
+                }
             }
             logits = generation.advance().map_err(js_error)?;
         }

@@ -1,12 +1,14 @@
 // End-to-end test of the browser demo: serves the built site on 127.0.0.1, drives
 // headless Chromium (WebGPU on its software adapter) through playwright-core, loads the
 // real model by URL, generates greedily and checks the token ids against the native
-// engine's; then checks that Stop ends a long generation early; then picks a second model
-// (`--picked`) in the page's model picker, loads it and checks its first greedy token
-// (`--picked-expect`). Run by `scripts/web-demo.sh test`, which passes the native ids.
+// engine's; generates greedily under a JSON schema (`--schema`) and checks the ids against
+// the native engine's under it (`--schema-expect`) and the text against the schema; then
+// checks that Stop ends a long generation early; then picks a second model (`--picked`) in
+// the page's model picker, loads it and checks its first greedy token (`--picked-expect`).
+// Run by `scripts/web-demo.sh test`, which passes the native ids.
 //
 //   node web-demo/tests/e2e.mjs --site DIR --model URL --prompt TEXT --expect "[ids]" --out DIR
-//     [--picked URL --picked-expect "[ids]"]
+//     [--schema JSON --schema-expect "[ids]"] [--picked URL --picked-expect "[ids]"]
 import { createRequire } from "node:module";
 import { parseArgs } from "node:util";
 import path from "node:path";
@@ -22,6 +24,8 @@ const { values: args } = parseArgs({
     prompt: { type: "string" },
     expect: { type: "string" },
     out: { type: "string" },
+    schema: { type: "string" },
+    "schema-expect": { type: "string" },
     picked: { type: "string" },
     "picked-expect": { type: "string" },
     chromium: { type: "string", default: "/usr/bin/chromium" },
@@ -112,6 +116,32 @@ try {
   const shot = path.join(args.out, "web-demo.png");
   await page.screenshot({ path: shot, fullPage: true });
   log(`screenshot: ${shot}`);
+
+  // Under a JSON schema: the native engine's ids, and a value valid for the schema (one
+  // string property, `capital`).
+  if (args.schema) {
+    await page.fill("#schema", args.schema);
+    const want = JSON.parse(args["schema-expect"]);
+    const t0 = Date.now();
+    // Room past the native output: the grammar, not max_tokens, ends it.
+    const got = await greedy(page, args.prompt, want.length + 8);
+    const text = await page.textContent("#output");
+    log(`under the schema: browser ids ${JSON.stringify(got)}, text ${JSON.stringify(text)}, ` +
+      `${((Date.now() - t0) / 1000).toFixed(1)} s; ${await page.textContent("#stats")}`);
+    log(`native  ids ${JSON.stringify(want)}`);
+    check(JSON.stringify(got) === JSON.stringify(want), "under a JSON schema the greedy ids equal the native engine's");
+    let value = null;
+    try {
+      value = JSON.parse(text);
+    } catch (e) {
+      log(`does not parse: ${e}`);
+    }
+    const keys = value && typeof value === "object" ? Object.keys(value) : [];
+    check(keys.length === 1 && typeof value.capital === "string" && value.capital.length <= 16,
+      "the output under the schema is a value valid for it");
+    await page.screenshot({ path: path.join(args.out, "web-demo-schema.png"), fullPage: true });
+    await page.fill("#schema", "");
+  }
 
   // Stop: a long generation (a count, which runs on without an end-of-turn token),
   // stopped once a token has arrived, ends early.

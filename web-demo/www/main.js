@@ -44,6 +44,7 @@ $("generate").onclick = () => {
     maxTokens: Number($("max-tokens").value),
     temperature: Number($("temperature").value),
     seed: 7,
+    schema: $("schema").value,
   });
 };
 $("stop").onclick = () => worker.postMessage({ type: "stop" });

@@ -57,14 +57,14 @@ async function load({ url, file }) {
   postMessage({ type: "loaded", name, summary: session.summary(), ms: performance.now() - t0 });
 }
 
-async function generate({ prompt, chat, maxTokens, temperature, seed }) {
+async function generate({ prompt, chat, maxTokens, temperature, seed, schema }) {
   if (!session) throw new Error("load a model first");
   stopRequested = false;
   const ids = session.encode(prompt, chat);
   const t0 = performance.now();
   let firstMs = 0;
   let count = 0;
-  const out = await session.generate(ids, maxTokens, temperature, seed, (id, text) => {
+  const out = await session.generate(ids, maxTokens, temperature, seed, schema, (id, text) => {
     const ms = performance.now() - t0;
     if (count++ === 0) firstMs = ms;
     postMessage({ type: "token", id, text, count, ms });

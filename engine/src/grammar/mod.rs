@@ -197,6 +197,23 @@ impl Constraint {
         ahead.mask()
     }
 
+    /// The masks of `draft`'s positions: the tokens allowed after each of its prefixes,
+    /// the empty one first (`draft.len() + 1` masks; the state moves on in a copy only).
+    pub fn masks_along(&self, draft: &[u32]) -> Result<Vec<Mask>, GrammarError> {
+        let mut ahead = self.clone();
+        let mut masks = vec![ahead.mask()?];
+        for &token in draft {
+            ahead.consume(&[token])?;
+            masks.push(ahead.mask()?);
+        }
+        Ok(masks)
+    }
+
+    /// How many leading tokens of `draft` the grammar allows from here.
+    pub fn valid_prefix(&mut self, draft: &[u32]) -> usize {
+        self.matcher.validate_tokens(draft).unwrap_or(0)
+    }
+
     /// Feeds the tokens generated (a token the mask did not allow is an error).
     pub fn consume(&mut self, tokens: &[u32]) -> Result<(), GrammarError> {
         self.matcher

@@ -26,4 +26,7 @@ pub enum ModelError {
     Readback(String),
     #[error(transparent)]
     Kv(#[from] crate::kv::KvError),
+    /// The output's grammar failed to match (a generation under a constraint).
+    #[error("constrained decoding failed: {0}")]
+    Grammar(#[from] crate::grammar::GrammarError),
 }

@@ -10,6 +10,7 @@ use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{LoadOptions, Logits, Model};
 use fornax_engine::sampling::argmax;
 use fornax_engine::sampling::SamplingParams;
+use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::score::{perplexity, token_logprobs};
 use fornax_engine::seq_cache::{PagedSeq, SeqCache};
 use fornax_engine::store::ModelFile;
@@ -393,4 +394,11 @@ pub fn serve_waves<B: EngineBackend>(
         }
     }
     got
+}
+
+/// An engine over `model` with a pool of `blocks` FP32 blocks, the default scheduler and
+/// policy.
+pub fn f32_engine<B: EngineBackend>(model: &Model<B>, blocks: usize) -> Engine<'_, B> {
+    let kv = model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
+    Engine::new(model, kv, SchedulerConfig::default(), PolicyKind::default())
 }

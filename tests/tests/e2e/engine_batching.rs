@@ -2,7 +2,9 @@
 //! each with its own `max_tokens`, give exactly the greedy tokens each gives alone, also
 //! when the KV pool is so small that requests must be preempted and recomputed.
 
-use crate::common::{model_file, read_reference, run_on, serve_waves, Perplexity, Prompts};
+use crate::common::{
+    f32_engine, model_file, read_reference, run_on, serve_waves, Perplexity, Prompts,
+};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy};
@@ -178,13 +180,7 @@ impl BackendTask for SharedPrefix {
             .map(|c| [&text.ids[..150], &c.prompt_ids[..]].concat())
             .collect();
         let serve = |cache: bool| {
-            let kv = model.new_paged_cache(KvCapacity::f32_only(64), TierPolicy::ALL_F32);
-            let mut engine = Engine::new(
-                &model,
-                kv,
-                SchedulerConfig::default(),
-                PolicyKind::default(),
-            );
+            let mut engine = f32_engine(&model, 64);
             if cache {
                 engine = engine.with_prefix_cache();
             }

@@ -7,15 +7,13 @@ use std::collections::HashMap;
 
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
-use fornax_engine::kv::{KvCapacity, TierPolicy};
 use fornax_engine::model::Model;
 use fornax_engine::sampling::{Adjustments, SamplingParams, TokenLogprobs, BAN};
-use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::score::token_logprobs;
 use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
-use fornax_engine::{Engine, EngineBackend, Event, Request, PROMPT_SCORE_CHUNK};
+use fornax_engine::{EngineBackend, Event, Request, PROMPT_SCORE_CHUNK};
 
-use crate::common::{model_file, run_on};
+use crate::common::{f32_engine, model_file, run_on};
 
 /// One request's settings.
 #[derive(Clone)]
@@ -54,12 +52,6 @@ fn load<B: EngineBackend>(device: &B::Device) -> (Tokenizer, Model<B>) {
     (tok, model)
 }
 
-/// An engine over `model` with a pool of 256 FP32 blocks.
-fn engine<B: EngineBackend>(model: &Model<B>) -> Engine<'_, B> {
-    let kv = model.new_paged_cache(KvCapacity::f32_only(256), TierPolicy::ALL_F32);
-    Engine::new(model, kv, SchedulerConfig::default(), PolicyKind::default())
-}
-
 /// Each request's prompt, tokens and log-probabilities.
 type Outputs = Vec<(Vec<u32>, Vec<u32>, Vec<Option<Box<TokenLogprobs>>>)>;
 
@@ -77,7 +69,7 @@ impl BackendTask for Run {
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
         let (tok, model) = load::<B>(&device);
-        let mut engine = engine(&model);
+        let mut engine = f32_engine(&model, 256);
         let mut at = HashMap::new();
         let mut out: Outputs = Vec::new();
         for (i, ask) in self.asks.iter().enumerate() {
@@ -245,7 +237,7 @@ impl BackendTask for PromptScores {
 
     fn run<B: EngineBackend>(self, device: B::Device, _: DeviceInfo) -> Self::Output {
         let (tok, model) = load::<B>(&device);
-        let mut engine = engine(&model).with_prefix_cache();
+        let mut engine = f32_engine(&model, 256).with_prefix_cache();
         let text: String = (1..=24)
             .map(|i| {
                 format!(

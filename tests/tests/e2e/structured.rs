@@ -1,7 +1,8 @@
 //! Constrained decoding on the real model (SmolLM2, CPU backend): every schema of the
 //! suite in `tests/schemas/suite.json` generated at temperature 0.7 in one batch, each
 //! output checked by an independent validator (Python's `jsonschema`); the schemas the
-//! grammar compiler must refuse are refused; a regex and a Lark grammar hold too.
+//! grammar compiler must refuse are refused; a regex and a Lark grammar hold too; one
+//! sequence's `Generation` (the browser's loop) under a grammar gives the engine's tokens.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -16,11 +17,12 @@ use fornax_engine::kv::{KvCapacity, TierPolicy};
 use fornax_engine::model::Model;
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::sched::{FinishReason, PolicyKind, SchedulerConfig};
+use fornax_engine::spec::{ProposerKind, SpecConfig, SpecStats};
 use fornax_engine::tokenizer::{ChatMessage, Tokenizer};
-use fornax_engine::{Engine, Event, Request};
+use fornax_engine::{Engine, Event, GenerateParams, Generation, Request};
 use serde_json::{json, Value};
 
-use crate::common::{model_file, run_on};
+use crate::common::{f32_engine, model_file, run_on};
 
 fn suite() -> Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/suite.json");
@@ -61,6 +63,17 @@ json.dump(out, sys.stdout)
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The real model, its tokenizer and a grammar compiler for its vocabulary.
+fn load<B: fornax_engine::EngineBackend>(
+    device: &B::Device,
+) -> (Arc<Tokenizer>, GrammarCompiler, Model<B>) {
+    let gguf = GgufFile::parse(model_file().bytes()).unwrap();
+    let tok = Arc::new(Tokenizer::from_gguf(&gguf).unwrap());
+    let compiler = GrammarCompiler::new(tok.clone()).unwrap();
+    let model = Model::<B>::from_gguf(&gguf, device, &mut |_, _| {}).unwrap();
+    (tok, compiler, model)
+}
+
 /// Generates one output per `(prompt, grammar)` in one batch at temperature 0.7; returns
 /// each output's text and why it ended.
 struct Generate(Vec<(String, Grammar)>);
@@ -73,34 +86,41 @@ impl BackendTask for Generate {
         device: B::Device,
         info: DeviceInfo,
     ) -> Self::Output {
-        Counted {
-            jobs: self.0,
-            force: true,
-        }
-        .run::<B>(device, info)
-        .0
+        Counted::sampled(self.0, true).run::<B>(device, info).0
     }
 }
 
-/// [`Generate`] with forced tokens on or off; also returns the steps run and the tokens
-/// written without sampling.
+/// [`Generate`] with forced tokens on or off, at a temperature, with speculation or
+/// without; also returns the steps run, the tokens written without sampling and the
+/// speculation's counters.
 struct Counted {
     jobs: Vec<(String, Grammar)>,
     force: bool,
+    temperature: f32,
+    spec: Option<SpecConfig>,
+}
+
+impl Counted {
+    /// At temperature 0.7, without speculation.
+    fn sampled(jobs: Vec<(String, Grammar)>, force: bool) -> Self {
+        Self {
+            jobs,
+            force,
+            temperature: 0.7,
+            spec: None,
+        }
+    }
 }
 
 impl BackendTask for Counted {
-    type Output = (Vec<(String, FinishReason)>, u64, u64);
+    type Output = (Vec<(String, FinishReason)>, u64, u64, SpecStats);
 
     fn run<B: fornax_engine::EngineBackend>(
         self,
         device: B::Device,
         _: DeviceInfo,
     ) -> Self::Output {
-        let gguf = GgufFile::parse(model_file().bytes()).unwrap();
-        let tok = Arc::new(Tokenizer::from_gguf(&gguf).unwrap());
-        let compiler = GrammarCompiler::new(tok.clone()).unwrap();
-        let model = Model::<B>::from_gguf(&gguf, &device, &mut |_, _| {}).unwrap();
+        let (tok, compiler, model) = load::<B>(&device);
         let kv = model.new_paged_cache(KvCapacity::f32_only(640), TierPolicy::ALL_F32);
         let config = SchedulerConfig {
             max_batch: 64,
@@ -109,6 +129,9 @@ impl BackendTask for Counted {
         let mut engine = Engine::new(&model, kv, config, PolicyKind::default());
         if !self.force {
             engine = engine.without_forced_tokens();
+        }
+        if let Some(spec) = self.spec {
+            engine = engine.with_speculation(spec);
         }
         let mut ids = std::collections::HashMap::new();
         for (i, (prompt, grammar)) in self.jobs.iter().enumerate() {
@@ -120,7 +143,7 @@ impl BackendTask for Counted {
                 max_tokens: 256,
                 qos: 0,
                 sampling: SamplingParams {
-                    temperature: 0.7,
+                    temperature: self.temperature,
                     seed: i as u64,
                     ..SamplingParams::greedy()
                 },
@@ -151,7 +174,12 @@ impl BackendTask for Counted {
                 (tok.decode(&t).unwrap(), r.expect("finished"))
             })
             .collect();
-        (outputs, engine.steps, engine.forced_tokens)
+        (
+            outputs,
+            engine.steps,
+            engine.forced_tokens,
+            engine.spec_stats,
+        )
     }
 }
 
@@ -289,18 +317,9 @@ fn forced_tokens_take_fewer_steps_and_keep_tool_calls_valid() {
         .iter()
         .map(|p| (p.to_string(), grammar.clone()))
         .collect();
-    let run = |force| {
-        run_on(
-            BackendKind::Cpu,
-            Counted {
-                jobs: jobs.clone(),
-                force,
-            },
-        )
-        .unwrap()
-    };
-    let (sampled, sampled_steps, none) = run(false);
-    let (forced, forced_steps, written) = run(true);
+    let run = |force| run_on(BackendKind::Cpu, Counted::sampled(jobs.clone(), force)).unwrap();
+    let (sampled, sampled_steps, none, _) = run(false);
+    let (forced, forced_steps, written, _) = run(true);
     eprintln!(
         "steps: {sampled_steps} sampling every token, {forced_steps} with {written} forced tokens"
     );
@@ -324,5 +343,193 @@ fn forced_tokens_take_fewer_steps_and_keep_tool_calls_valid() {
     assert!(
         verdicts.iter().all(Option::is_none),
         "{verdicts:?}: {cases:?}"
+    );
+}
+
+/// One prompt under one schema, greedy and at temperature 0.7 (two seeds): the tokens of
+/// a single-sequence [`Generation`] (contiguous cache, the browser demo's loop) and the
+/// number of passes it ran, beside the engine's tokens for the same requests.
+struct Single(Value);
+
+impl BackendTask for Single {
+    type Output = Vec<(Vec<u32>, usize, Vec<u32>, String)>;
+
+    fn run<B: fornax_engine::EngineBackend>(
+        self,
+        device: B::Device,
+        _: DeviceInfo,
+    ) -> Self::Output {
+        let (tok, compiler, model) = load::<B>(&device);
+        let prompt = tok
+            .encode_prompt("The capital of France is", false)
+            .unwrap();
+        let grammar = Grammar::JsonSchema(self.0);
+        [(0.0, 0), (0.7, 1), (0.7, 2)]
+            .into_iter()
+            .map(|(temperature, seed)| {
+                let sampling = SamplingParams {
+                    temperature,
+                    seed,
+                    ..SamplingParams::greedy()
+                };
+                let params = GenerateParams {
+                    max_tokens: 64,
+                    sampling: sampling.clone(),
+                    stop_ids: tok.stop_ids(),
+                    ..GenerateParams::default()
+                };
+                let constraint = compiler.compile(&grammar).unwrap();
+                let (generation, mut logits) =
+                    Generation::start(&model, model.new_cache(), &prompt, params).unwrap();
+                let mut generation = generation.with_constraint(constraint);
+                let mut passes = 1;
+                loop {
+                    generation.pick(logits).unwrap();
+                    if generation.finished() {
+                        break;
+                    }
+                    logits = generation.advance().unwrap();
+                    passes += 1;
+                }
+                let single = generation.into_tokens();
+                let mut engine = f32_engine(&model, 64);
+                engine
+                    .submit(Request {
+                        prompt: prompt.clone(),
+                        max_tokens: 64,
+                        qos: 0,
+                        sampling,
+                        stop_ids: tok.stop_ids(),
+                        constraint: Some(compiler.compile(&grammar).unwrap()),
+                        logprobs: None,
+                        prompt_logprobs: None,
+                    })
+                    .unwrap();
+                let mut batched = Vec::new();
+                while !engine.is_idle() {
+                    for event in engine.step().unwrap() {
+                        if let Event::Token { token, .. } = event {
+                            batched.push(token);
+                        }
+                    }
+                }
+                let text: Vec<u32> = single
+                    .iter()
+                    .copied()
+                    .filter(|t| !tok.stop_ids().contains(t))
+                    .collect();
+                let text = tok.decode(&text).unwrap();
+                (single, passes, batched, text)
+            })
+            .collect()
+    }
+}
+
+/// A single-sequence generation under a JSON schema, greedy and sampled: its tokens equal
+/// the engine's (the same draws: one per token, forced ones included), the tokens the
+/// grammar forces run together (fewer passes than tokens), and the output validates.
+#[test]
+fn a_single_generation_under_a_schema_gives_the_engines_tokens() {
+    let schema = json!({"type": "object", "properties": {
+        "capital": {"type": "string", "maxLength": 16},
+        "country": {"type": "string", "enum": ["France", "Italy", "Spain"]},
+        "fact": {"type": "string", "maxLength": 40}},
+        "required": ["capital", "country", "fact"], "additionalProperties": false});
+    let runs = run_on(BackendKind::Cpu, Single(schema.clone())).unwrap();
+    let mut cases = Vec::new();
+    for (single, passes, batched, text) in runs {
+        eprintln!("{} tokens in {passes} passes: {text}", single.len());
+        assert_eq!(single, batched, "{text}");
+        assert!(
+            passes < single.len(),
+            "{passes} passes for {}",
+            single.len()
+        );
+        cases.push((schema.clone(), text));
+    }
+    let verdicts = validate(&cases);
+    assert!(
+        verdicts.iter().all(Option::is_none),
+        "{verdicts:?}: {cases:?}"
+    );
+}
+
+/// Speculative decoding under grammars (n-gram drafts from the context): drafts are cut
+/// where the grammar refuses a token and each drafted row is sampled under the mask after
+/// the draft before it, so greedy outputs (4 schemas of the suite, and 2 prompts whose
+/// answer copies their text, where most drafts are accepted) equal those without speculation
+/// token for token; at temperature 0.7 every output still validates.
+#[test]
+fn speculation_under_grammars_keeps_greedy_outputs_and_valid_json() {
+    let suite = suite();
+    let note = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "note": {"type": "string", "maxLength": 120}},
+        "required": ["city", "note"], "additionalProperties": false});
+    let copies = [
+        "Copy this note exactly, as JSON with the city: Paris. The quick brown fox jumps over \
+         the lazy dog near the old river bank.",
+        "Copy this note exactly, as JSON with the city: Rome. She sells sea shells by the sea \
+         shore, and the shells she sells are surely sea shells.",
+    ];
+    // Python's `multipleOf` check fails decimals such as 1.11 for 0.01 (float division).
+    let cases: Vec<(String, Value)> = suite["schemas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["schema"].to_string().contains("multipleOf"))
+        .take(4)
+        .map(|c| {
+            let prompt = format!("{} Answer in JSON.", c["prompt"].as_str().unwrap());
+            (prompt, c["schema"].clone())
+        })
+        .chain(copies.iter().map(|p| (p.to_string(), note.clone())))
+        .collect();
+    let jobs: Vec<(String, Grammar)> = cases
+        .iter()
+        .map(|(p, s)| (p.clone(), Grammar::JsonSchema(s.clone())))
+        .collect();
+    let spec = SpecConfig {
+        proposer: ProposerKind::Ngram,
+        tokens: 4,
+        draft_layers: 0,
+    };
+    let run = |temperature, spec| {
+        run_on(
+            BackendKind::Cpu,
+            Counted {
+                jobs: jobs.clone(),
+                force: true,
+                temperature,
+                spec,
+            },
+        )
+        .unwrap()
+    };
+    let (plain, plain_steps, _, _) = run(0.0, None);
+    let (drafted, steps, _, stats) = run(0.0, Some(spec));
+    eprintln!(
+        "greedy: {plain_steps} steps without speculation, {steps} with; {} drafted, {} accepted",
+        stats.proposed, stats.accepted
+    );
+    assert!(stats.proposed > 0 && stats.accepted > 0, "{stats:?}");
+    for (a, b) in plain.iter().zip(&drafted) {
+        assert_eq!(a, b);
+    }
+    let (sampled, _, _, stats) = run(0.7, Some(spec));
+    eprintln!(
+        "temperature 0.7: {} drafted, {} accepted",
+        stats.proposed, stats.accepted
+    );
+    let checked: Vec<(Value, String)> = cases
+        .iter()
+        .cycle()
+        .zip(sampled.iter().chain(&drafted))
+        .map(|((_, schema), (text, _))| (schema.clone(), text.clone()))
+        .collect();
+    let verdicts = validate(&checked);
+    assert!(
+        verdicts.iter().all(Option::is_none),
+        "{verdicts:?}: {checked:?}"
     );
 }
