@@ -122,6 +122,9 @@ pub struct Engine<'m, B: EngineBackend> {
     force_tokens: bool,
     /// Tokens written so.
     pub forced_tokens: u64,
+    /// Whether a row that needs only its grammar's mask is masked on the device (on by
+    /// default; see [`crate::sampling::mask_rows`]).
+    device_masks: bool,
 }
 
 impl<'m, B: EngineBackend> Engine<'m, B> {
@@ -148,6 +151,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
             spec_stats: SpecStats::default(),
             force_tokens: true,
             forced_tokens: 0,
+            device_masks: true,
         }
     }
 
@@ -155,6 +159,13 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
     /// (which are otherwise written without sampling, several in one pass).
     pub fn without_forced_tokens(mut self) -> Self {
         self.force_tokens = false;
+        self
+    }
+
+    /// Reads every masked row back and masks it on the host (as rows with penalties or
+    /// log-probabilities are), instead of sending the mask to the device.
+    pub fn with_host_masks(mut self) -> Self {
+        self.device_masks = false;
         self
     }
 
@@ -601,7 +612,7 @@ impl<'m, B: EngineBackend> Engine<'m, B> {
                 true => logits,
                 false => select_rows(logits, &rows),
             };
-            (tokens, logprobs) = pick_rows_hosted(logits, &mut refs, &hosted);
+            (tokens, logprobs) = pick_rows_hosted(logits, &mut refs, &hosted, self.device_masks);
         }
         let mut at = 0;
         let mut shapes = shapes.into_iter();

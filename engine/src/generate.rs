@@ -7,7 +7,7 @@ use burn_tensor::{backend::Backend, Tensor, TensorData};
 
 use crate::grammar::Constraint;
 use crate::model::{Logits, Model, ModelError};
-use crate::sampling::{pick_rows, pick_rows_async, Sampler, SamplingParams};
+use crate::sampling::{mask_rows, pick_rows, pick_rows_async, Sampler, SamplingParams};
 use crate::seq_cache::SeqCache;
 
 /// Settings of one generation.
@@ -145,6 +145,13 @@ impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
         let mut row = logits.to_vec();
         c.mask()?.apply(&mut row);
         let token = self.sampler.sample(&row);
+        self.take(token)
+    }
+
+    /// Records `token`, chosen under the grammar's mask, and the tokens the grammar then
+    /// forces.
+    fn take(&mut self, token: u32) -> Result<u32, ModelError> {
+        let c = self.constraint.as_mut().expect("constrained");
         self.tokens.push(token);
         // A grammar completed by the sampled token ends the generation; one completed by
         // forced tokens ends at the token sampled after them (the end token, all its mask
@@ -171,10 +178,26 @@ impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
         Ok(token)
     }
 
+    /// The logits masked on the device by the grammar (see [`mask_rows`]), where the
+    /// backend masks there; `None` without a grammar or where the row is read back.
+    fn masked(&mut self, logits: &Tensor<B, 2>) -> Result<Option<Tensor<B, 2>>, ModelError> {
+        match self.constraint.as_mut() {
+            Some(c) if B::masks_on_device() => {
+                let mask = c.mask()?;
+                Ok(Some(mask_rows(logits.clone(), &[Some(&mask)])))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Picks the next token from the last pass's logits where they are (on the device
-    /// where the backend can, reading back one id; else the row is read back and sampled;
-    /// always the row under a grammar) and records it.
+    /// where the backend can, reading back one id, a grammar's mask sent there; else the
+    /// row is read back and sampled) and records it.
     pub fn pick(&mut self, logits: Tensor<B, 2>) -> Result<u32, ModelError> {
+        if let Some(masked) = self.masked(&logits)? {
+            let token = pick_rows(masked, &mut [&mut self.sampler])[0];
+            return self.take(token);
+        }
         if self.constraint.is_some() {
             return self.sample(&logits_to_vec(logits));
         }
@@ -185,6 +208,12 @@ impl<'m, B: EngineBackend, C: SeqCache<B>> Generation<'m, B, C> {
 
     /// [`Generation::pick`] without blocking the thread (in a browser).
     pub async fn pick_async(&mut self, logits: Tensor<B, 2>) -> Result<u32, ModelError> {
+        if let Some(masked) = self.masked(&logits)? {
+            let token = pick_rows_async(masked, &mut [&mut self.sampler])
+                .await
+                .map_err(ModelError::Readback)?[0];
+            return self.take(token);
+        }
         if self.constraint.is_some() {
             return self.sample(&logits_to_vec_async(logits).await?);
         }

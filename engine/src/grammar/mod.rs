@@ -253,4 +253,9 @@ impl Mask {
     pub fn allows(&self, token: u32) -> bool {
         self.0.is_allowed(token)
     }
+
+    /// The mask packed, a bit per token (bit `t % 32` of word `t / 32`).
+    pub fn words(&self) -> &[u32] {
+        self.0.as_slice()
+    }
 }

@@ -5,13 +5,17 @@
 //! (`fornax_shaders::sampling`) on CubeCL backends, with the draw made on the host from
 //! the request's seeded generator. A row whose token lies beyond the kernel's window, and
 //! every row on other backends, is read back and sampled on the host with the same draw.
+//! A row that needs only its grammar's mask is masked where the logits are: the mask goes
+//! to the device packed, a bit per token ([`mask_rows`]), and the row is then picked there
+//! like any other; rows with penalties or log-probabilities are read back.
 
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
 use fornax_shaders::sampling::{FALLBACK, PARAMS, WINDOW};
 
 use super::{Draw, HostRow, Sampler, TokenLogprobs};
 use crate::device_counts::{read_back, read_back_async};
+use crate::grammar::Mask;
 use crate::{logits_to_vec, logits_to_vec_async};
 
 fn ids(data: TensorData) -> Vec<u32> {
@@ -56,9 +60,20 @@ pub trait SamplingOps: Backend {
     fn argmax_ids(logits: Tensor<Self, 2>) -> Vec<u32> {
         device_argmax_ids(logits)
     }
+
+    /// Whether grammars' masks are applied where the logits are ([`mask_rows`]) rather
+    /// than on rows read back.
+    fn masks_on_device() -> bool {
+        true
+    }
 }
 
 impl SamplingOps for crate::CpuBackend {
+    /// The logits are on the host already: a masked row is read (copied) and masked there.
+    fn masks_on_device() -> bool {
+        false
+    }
+
     /// The host's vectorised argmax over the logits where they lie (burn-ndarray's
     /// reduction and the row copies around it took 50 us a row).
     fn argmax_ids(logits: Tensor<Self, 2>) -> Vec<u32> {
@@ -137,6 +152,44 @@ fn fallback_rows(tokens: &[u32]) -> Vec<usize> {
         .collect()
 }
 
+/// `logits` `[rows, vocab]` with each token that row `i`'s mask does not allow set to
+/// minus infinity (`None`: every token allowed), where the logits are: the masks go up
+/// packed, a bit per token (`vocab / 32` words a row: 6 KB for 49,152 tokens instead of
+/// the row's 192 KB coming down), and are expanded into the fill's condition there.
+pub fn mask_rows<B: Backend>(logits: Tensor<B, 2>, masks: &[Option<&Mask>]) -> Tensor<B, 2> {
+    let [rows, vocab] = logits.dims();
+    assert_eq!(rows, masks.len(), "a mask per row");
+    let words = vocab.div_ceil(32);
+    let packed: Vec<i64> = masks
+        .iter()
+        .flat_map(|m| {
+            let w = m.map_or(&[][..], |m| m.words());
+            // Words as i32 bit patterns (the device's integers); past the mask: none allowed.
+            (0..words).map(move |i| match m {
+                None => -1,
+                Some(_) => i64::from(w.get(i).copied().unwrap_or(0) as i32),
+            })
+        })
+        .collect();
+    let device = logits.device();
+    let packed = Tensor::<B, 2, Int>::from_data(TensorData::new(packed, [rows, words]), &device);
+    let token = Tensor::<B, 1, Int>::arange(0..vocab as i64, &device);
+    let word = token
+        .clone()
+        .div_scalar(32)
+        .unsqueeze::<2>()
+        .expand([rows, vocab]);
+    let bit = token
+        .remainder_scalar(32)
+        .unsqueeze::<2>()
+        .expand([rows, vocab]);
+    let allowed = packed
+        .gather(1, word)
+        .bitwise_right_shift(bit)
+        .bitwise_and_scalar(1i32.elem());
+    logits.mask_fill(allowed.equal_elem(0), f32::NEG_INFINITY)
+}
+
 /// `rows` of `logits`, in order.
 pub(crate) fn select_rows<B: Backend>(logits: Tensor<B, 2>, rows: &[usize]) -> Tensor<B, 2> {
     let idx: Vec<i64> = rows.iter().map(|&r| r as i64).collect();
@@ -183,38 +236,63 @@ pub fn pick_rows<B: SamplingOps>(logits: Tensor<B, 2>, samplers: &mut [&mut Samp
 }
 
 /// [`pick_rows`] with row `i` chosen on the host where `hosted[i]` says what it needs
-/// there (a grammar's mask, penalties, log-probabilities: [`Sampler::sample_hosted`]):
-/// those rows' logits are read back; the other rows are picked as [`pick_rows`] picks
-/// them. Returns each row's token and, where asked, its log-probabilities.
+/// there (penalties, log-probabilities: [`Sampler::sample_hosted`]): those rows' logits are
+/// read back; the other rows are picked as [`pick_rows`] picks them, a row that needs only
+/// its grammar's mask masked on the device first ([`mask_rows`], with `device_masks` and
+/// where the backend does: [`SamplingOps::masks_on_device`]). Returns each row's token
+/// and, where asked, its log-probabilities.
 pub fn pick_rows_hosted<B: SamplingOps>(
     logits: Tensor<B, 2>,
     samplers: &mut [&mut Sampler],
     hosted: &[Option<HostRow<'_>>],
+    device_masks: bool,
 ) -> (Vec<u32>, Vec<Option<TokenLogprobs>>) {
     let host = |i: usize| hosted.get(i).and_then(Option::as_ref);
-    let (on_host, free): (Vec<usize>, Vec<usize>) =
-        (0..samplers.len()).partition(|&i| host(i).is_some());
+    let device_masks = device_masks && B::masks_on_device();
+    let read: Vec<bool> = (0..samplers.len())
+        .map(|i| {
+            host(i)
+                .is_some_and(|h| !device_masks || h.logprobs.is_some() || samplers[i].needs_host())
+        })
+        .collect();
+    let (on_host, on_device): (Vec<usize>, Vec<usize>) =
+        (0..samplers.len()).partition(|&i| read[i]);
+    let masks: Vec<Option<&Mask>> = on_device
+        .iter()
+        .map(|&i| host(i).and_then(|h| h.mask.as_ref()))
+        .collect();
+    let masked = masks.iter().any(Option::is_some);
     let mut logprobs = vec![None; samplers.len()];
-    if on_host.is_empty() {
+    if on_host.is_empty() && !masked {
         return (pick_rows(logits, samplers), logprobs);
     }
     let mut tokens = vec![0; samplers.len()];
-    let (mut host_samplers, mut free_samplers) = (Vec::new(), Vec::new());
+    let (mut host_samplers, mut device_samplers) = (Vec::new(), Vec::new());
     for (i, s) in samplers.iter_mut().enumerate() {
-        match host(i) {
-            Some(_) => host_samplers.push(&mut **s),
-            None => free_samplers.push(&mut **s),
+        match read[i] {
+            true => host_samplers.push(&mut **s),
+            false => device_samplers.push(&mut **s),
         }
     }
-    let host_logits = match free.is_empty() {
-        true => logits,
-        false => {
-            let picked = pick_rows(select_rows(logits.clone(), &free), &mut free_samplers);
-            for (&r, t) in free.iter().zip(picked) {
+    let host_logits = match (on_device.is_empty(), on_host.is_empty()) {
+        (true, _) => Some(logits),
+        (false, all_device) => {
+            let rows = match all_device {
+                true => logits.clone(),
+                false => select_rows(logits.clone(), &on_device),
+            };
+            let rows = match masked {
+                true => mask_rows(rows, &masks),
+                false => rows,
+            };
+            for (&r, t) in on_device.iter().zip(pick_rows(rows, &mut device_samplers)) {
                 tokens[r] = t;
             }
-            select_rows(logits, &on_host)
+            (!all_device).then(|| select_rows(logits, &on_host))
         }
+    };
+    let Some(host_logits) = host_logits else {
+        return (tokens, logprobs);
     };
     let mut values = logits_to_vec(host_logits);
     let vocab = values.len() / on_host.len();

@@ -13,7 +13,8 @@ pub use logprobs::{TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::grammar::Mask;
 pub(crate) use device::select_rows;
 pub use device::{
-    argmax_rows, argmax_rows_async, pick_rows, pick_rows_async, pick_rows_hosted, SamplingOps,
+    argmax_rows, argmax_rows_async, mask_rows, pick_rows, pick_rows_async, pick_rows_hosted,
+    SamplingOps,
 };
 
 /// Sampling settings. `temperature == 0` means greedy.

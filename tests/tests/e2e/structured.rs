@@ -23,6 +23,7 @@ use fornax_engine::{Engine, Event, GenerateParams, Generation, Request};
 use serde_json::{json, Value};
 
 use crate::common::{f32_engine, model_file, run_on};
+use fornax_engine::device_counts::counted;
 
 fn suite() -> Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/suite.json");
@@ -86,18 +87,32 @@ impl BackendTask for Generate {
         device: B::Device,
         info: DeviceInfo,
     ) -> Self::Output {
-        Counted::sampled(self.0, true).run::<B>(device, info).0
+        Counted::sampled(self.0, true)
+            .run::<B>(device, info)
+            .outputs
     }
 }
 
 /// [`Generate`] with forced tokens on or off, at a temperature, with speculation or
-/// without; also returns the steps run, the tokens written without sampling and the
-/// speculation's counters.
+/// without, masks on the device or read back; also counts what the run took.
 struct Counted {
     jobs: Vec<(String, Grammar)>,
     force: bool,
     temperature: f32,
     spec: Option<SpecConfig>,
+    host_masks: bool,
+}
+
+/// What a [`Counted`] run gave.
+struct Counts {
+    /// Each output's text and why it ended.
+    outputs: Vec<(String, FinishReason)>,
+    steps: u64,
+    /// Tokens written without sampling.
+    forced: u64,
+    spec: SpecStats,
+    /// Bytes read back from the device by the steps.
+    read_bytes: u64,
 }
 
 impl Counted {
@@ -108,12 +123,13 @@ impl Counted {
             force,
             temperature: 0.7,
             spec: None,
+            host_masks: false,
         }
     }
 }
 
 impl BackendTask for Counted {
-    type Output = (Vec<(String, FinishReason)>, u64, u64, SpecStats);
+    type Output = Counts;
 
     fn run<B: fornax_engine::EngineBackend>(
         self,
@@ -132,6 +148,9 @@ impl BackendTask for Counted {
         }
         if let Some(spec) = self.spec {
             engine = engine.with_speculation(spec);
+        }
+        if self.host_masks {
+            engine = engine.with_host_masks();
         }
         let mut ids = std::collections::HashMap::new();
         for (i, (prompt, grammar)) in self.jobs.iter().enumerate() {
@@ -156,8 +175,11 @@ impl BackendTask for Counted {
         }
         let mut tokens = vec![Vec::new(); ids.len()];
         let mut reasons = vec![None; ids.len()];
+        let mut read_bytes = 0;
         while !engine.is_idle() {
-            for event in engine.step().unwrap() {
+            let (events, counts) = counted(|| engine.step().unwrap());
+            read_bytes += counts.read_bytes;
+            for event in events {
                 match event {
                     Event::Token { id, token, .. } => tokens[ids[&id]].push(token),
                     Event::PromptLogprobs { .. } => {}
@@ -174,12 +196,13 @@ impl BackendTask for Counted {
                 (tok.decode(&t).unwrap(), r.expect("finished"))
             })
             .collect();
-        (
+        Counts {
             outputs,
-            engine.steps,
-            engine.forced_tokens,
-            engine.spec_stats,
-        )
+            steps: engine.steps,
+            forced: engine.forced_tokens,
+            spec: engine.spec_stats,
+            read_bytes,
+        }
     }
 }
 
@@ -318,8 +341,10 @@ fn forced_tokens_take_fewer_steps_and_keep_tool_calls_valid() {
         .map(|p| (p.to_string(), grammar.clone()))
         .collect();
     let run = |force| run_on(BackendKind::Cpu, Counted::sampled(jobs.clone(), force)).unwrap();
-    let (sampled, sampled_steps, none, _) = run(false);
-    let (forced, forced_steps, written, _) = run(true);
+    let (sampled, forced) = (run(false), run(true));
+    let (sampled_steps, none) = (sampled.steps, sampled.forced);
+    let (forced_steps, written) = (forced.steps, forced.forced);
+    let (sampled, forced) = (sampled.outputs, forced.outputs);
     eprintln!(
         "steps: {sampled_steps} sampling every token, {forced_steps} with {written} forced tokens"
     );
@@ -502,12 +527,15 @@ fn speculation_under_grammars_keeps_greedy_outputs_and_valid_json() {
                 force: true,
                 temperature,
                 spec,
+                host_masks: false,
             },
         )
         .unwrap()
     };
-    let (plain, plain_steps, _, _) = run(0.0, None);
-    let (drafted, steps, _, stats) = run(0.0, Some(spec));
+    let plain = run(0.0, None);
+    let (plain, plain_steps) = (plain.outputs, plain.steps);
+    let drafted = run(0.0, Some(spec));
+    let (drafted, steps, stats) = (drafted.outputs, drafted.steps, drafted.spec);
     eprintln!(
         "greedy: {plain_steps} steps without speculation, {steps} with; {} drafted, {} accepted",
         stats.proposed, stats.accepted
@@ -516,7 +544,8 @@ fn speculation_under_grammars_keeps_greedy_outputs_and_valid_json() {
     for (a, b) in plain.iter().zip(&drafted) {
         assert_eq!(a, b);
     }
-    let (sampled, _, _, stats) = run(0.7, Some(spec));
+    let sampled = run(0.7, Some(spec));
+    let (sampled, stats) = (sampled.outputs, sampled.spec);
     eprintln!(
         "temperature 0.7: {} drafted, {} accepted",
         stats.proposed, stats.accepted
@@ -532,4 +561,49 @@ fn speculation_under_grammars_keeps_greedy_outputs_and_valid_json() {
         verdicts.iter().all(Option::is_none),
         "{verdicts:?}: {checked:?}"
     );
+}
+
+/// On lavapipe, greedy outputs under a regex and a JSON schema: with the masks sent to
+/// the device packed (a bit a token) the tokens equal those of masking rows read back,
+/// and the steps read back ids only, not rows of 49,152 logits.
+#[test]
+fn masks_on_the_device_keep_the_tokens_and_read_back_ids_only() {
+    let capital = json!({"type": "object", "properties": {
+        "capital": {"type": "string", "maxLength": 16}},
+        "required": ["capital"], "additionalProperties": false});
+    let jobs = vec![
+        (
+            "Give a product code.".to_string(),
+            Grammar::Regex("[A-Z]{3}-[0-9]{4}".into()),
+        ),
+        (
+            "What is the capital of France? Answer in JSON.".to_string(),
+            Grammar::JsonSchema(capital),
+        ),
+    ];
+    let run = |host_masks| {
+        let counted = Counted {
+            jobs: jobs.clone(),
+            force: true,
+            temperature: 0.0,
+            spec: None,
+            host_masks,
+        };
+        run_on(BackendKind::Wgpu, counted).expect("a wgpu adapter")
+    };
+    let (host, device) = (run(true), run(false));
+    eprintln!(
+        "{} steps: {} bytes read back with the masks on the device, {} with rows read back",
+        device.steps, device.read_bytes, host.read_bytes
+    );
+    assert_eq!(device.outputs, host.outputs);
+    assert!(device.outputs.iter().all(|(_, r)| *r == FinishReason::Stop));
+    // Ids only: at most 8 bytes a sampled row (one row per request a step).
+    assert!(
+        device.read_bytes <= device.steps * 8 * jobs.len() as u64,
+        "{} bytes in {} steps",
+        device.read_bytes,
+        device.steps
+    );
+    assert!(host.read_bytes > device.steps * 49_152 * 4);
 }
