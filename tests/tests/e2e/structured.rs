@@ -75,6 +75,21 @@ fn load<B: fornax_engine::EngineBackend>(
     (tok, compiler, model)
 }
 
+/// A case of the suite: its prompt asking for JSON, and its schema.
+fn suite_case(case: &Value) -> (String, Value) {
+    let prompt = format!("{} Answer in JSON.", case["prompt"].as_str().unwrap());
+    (prompt, case["schema"].clone())
+}
+
+/// Checks that every `(schema, output)` parses and validates ([`validate`]).
+fn assert_all_valid(cases: &[(Value, String)]) {
+    let verdicts = validate(cases);
+    assert!(
+        verdicts.iter().all(Option::is_none),
+        "{verdicts:?}: {cases:?}"
+    );
+}
+
 /// Generates one output per `(prompt, grammar)` in one batch at temperature 0.7; returns
 /// each output's text and why it ended.
 struct Generate(Vec<(String, Grammar)>);
@@ -213,10 +228,7 @@ fn every_schema_of_the_suite_gives_valid_json_at_temperature_0_7() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| {
-            let prompt = format!("{} Answer in JSON.", c["prompt"].as_str().unwrap());
-            (prompt, c["schema"].clone())
-        })
+        .map(suite_case)
         .collect();
     assert!(cases.len() >= 40);
     let jobs = cases
@@ -364,11 +376,7 @@ fn forced_tokens_take_fewer_steps_and_keep_tool_calls_valid() {
             cases.push((schema.clone(), args));
         }
     }
-    let verdicts = validate(&cases);
-    assert!(
-        verdicts.iter().all(Option::is_none),
-        "{verdicts:?}: {cases:?}"
-    );
+    assert_all_valid(&cases);
 }
 
 /// One prompt under one schema, greedy and at temperature 0.7 (two seeds): the tokens of
@@ -472,11 +480,7 @@ fn a_single_generation_under_a_schema_gives_the_engines_tokens() {
         );
         cases.push((schema.clone(), text));
     }
-    let verdicts = validate(&cases);
-    assert!(
-        verdicts.iter().all(Option::is_none),
-        "{verdicts:?}: {cases:?}"
-    );
+    assert_all_valid(&cases);
 }
 
 /// Speculative decoding under grammars (n-gram drafts from the context): drafts are cut
@@ -504,10 +508,7 @@ fn speculation_under_grammars_keeps_greedy_outputs_and_valid_json() {
         .iter()
         .filter(|c| !c["schema"].to_string().contains("multipleOf"))
         .take(4)
-        .map(|c| {
-            let prompt = format!("{} Answer in JSON.", c["prompt"].as_str().unwrap());
-            (prompt, c["schema"].clone())
-        })
+        .map(suite_case)
         .chain(copies.iter().map(|p| (p.to_string(), note.clone())))
         .collect();
     let jobs: Vec<(String, Grammar)> = cases
@@ -556,11 +557,7 @@ fn speculation_under_grammars_keeps_greedy_outputs_and_valid_json() {
         .zip(sampled.iter().chain(&drafted))
         .map(|((_, schema), (text, _))| (schema.clone(), text.clone()))
         .collect();
-    let verdicts = validate(&checked);
-    assert!(
-        verdicts.iter().all(Option::is_none),
-        "{verdicts:?}: {checked:?}"
-    );
+    assert_all_valid(&checked);
 }
 
 /// On lavapipe, greedy outputs under a regex and a JSON schema: with the masks sent to
