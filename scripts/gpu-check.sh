@@ -10,7 +10,11 @@
 # - perplexity of the reference text over the paged cache, the contiguous cache, FP32
 #   weights (`--dequantize`) and `--reference-ops`;
 # - `bench kv`, `bench load` and `bench table` (before/after at GPU sizes, plots in
-#   OUT_DIR/bench).
+#   OUT_DIR/bench);
+# - outside the budget, the kernel table: every CUDA kernel the steps compiled (cubecl logs
+#   their source to OUT_DIR/kernels.log through a `cubecl.toml` here), assembled with
+#   `nvcc -Xptxas -v` for sm_80 and sm_90a: registers, shared memory, spills, occupancy
+#   (scripts/cuda-kernels.py).
 # Each step's output goes to OUT_DIR/NAME.txt and a line of its wall time to
 # OUT_DIR/steps.txt.
 # Usage: scripts/gpu-check.sh FORNAX_BINARY MODEL.gguf [OUT_DIR]
@@ -25,6 +29,10 @@ ref=tests/reference
 mkdir -p "$out"
 : >"$out/steps.txt"
 started=$SECONDS
+if [ "$backend" = cuda ] && [ ! -e cubecl.toml ]; then
+    printf '[compilation.logger]\nlevel = "full"\nfile = "%s"\n' "$(realpath "$out")/kernels.log" >cubecl.toml
+    trap 'rm -f cubecl.toml' EXIT
+fi
 
 # `step NAME LIMIT_S COMMAND...`: runs COMMAND under LIMIT_S seconds (never past the
 # budget), its output to the console and OUT_DIR/NAME.txt, and records how it went.
@@ -89,5 +97,11 @@ step bench_load 120 "$bin" bench load "${m[@]}" --text "$ref/ppl_text.txt" --req
 # here: the machine has no npm); the plots go to $out/bench.
 step bench_table 180 "$bin" bench table "${m[@]}" --output-tokens 32 96 --timeout-s 30 \
     --sweep 0.4 1.0 --plots "$out/bench"
+if [ -s "$out/kernels.log" ]; then
+    budget=$((SECONDS - started + 150))
+    step kernel_table 150 python3 scripts/cuda-kernels.py "$out/kernels.log" --arch sm_80 \
+        --arch sm_90a --out "$out/kernels" \
+        --nvcc "${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+fi
 echo "== steps ($((SECONDS - started)) s in all)"
 cat "$out/steps.txt"
