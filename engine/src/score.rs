@@ -1,7 +1,7 @@
 //! Scoring text: the log-probability the model gives each next token (for perplexity).
 
 use crate::EngineBackend;
-use burn_tensor::{activation::log_softmax, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use crate::model::{Logits, Model, ModelError};
 use crate::seq_cache::SeqCache;
@@ -38,10 +38,32 @@ pub fn token_logprobs_in<B: EngineBackend>(
         let targets =
             Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [part.len(), 1]), &device);
         let logits = cache.forward(model, part, Logits::All)?;
-        let picked = log_softmax(logits, 1).gather(1, targets);
+        let picked = log_softmax_rows(logits).gather(1, targets);
         out.extend(crate::logits_to_vec(picked));
     }
     Ok(out)
+}
+
+/// Columns reduced at a time by [`log_softmax_rows`].
+const REDUCE_SPAN: usize = 32768;
+
+/// The log-softmax of each row of `logits` `[rows, width]`, its maximum and sum taken
+/// over pieces of at most [`REDUCE_SPAN`] columns: burn's wgpu reduction (0.21) reads
+/// only the first 65,536 values of a wider row whose width is not a multiple of 4, as
+/// the vocabularies of Llama 3.2 (128,257) and Qwen (151,669) are.
+pub fn log_softmax_rows<B: Backend>(logits: Tensor<B, 2>) -> Tensor<B, 2> {
+    let width = logits.dims()[1];
+    let pieces = |f: &dyn Fn(Tensor<B, 2>) -> Tensor<B, 2>, t: &Tensor<B, 2>| {
+        let parts: Vec<Tensor<B, 2>> = (0..width)
+            .step_by(REDUCE_SPAN)
+            .map(|at| f(t.clone().narrow(1, at, REDUCE_SPAN.min(width - at))))
+            .collect();
+        Tensor::cat(parts, 1)
+    };
+    let max = pieces(&|p| p.max_dim(1), &logits).max_dim(1);
+    let shifted = logits - max;
+    let sum = pieces(&|p| p.exp().sum_dim(1), &shifted).sum_dim(1);
+    shifted - sum.log()
 }
 
 /// Perplexity from per-token log-probabilities: exp(mean negative log-likelihood).

@@ -6,7 +6,7 @@
 // usage: node llama-reference.mjs MODEL CASES.json > reference.json
 //   CASES.json: { "tokenizer": [{name, text, parse_special}], "prompts": [text],
 //                 "gen_tokens": N, "text_file": PATH (relative to CASES.json),
-//                 "text_tokens": N (BOS included) }
+//                 "text_tokens": N (BOS included where the file adds it) }
 import { readFileSync } from "node:fs";
 import { loadCpuModel } from "./llama.mjs";
 
@@ -20,14 +20,15 @@ if (cases.text_file) {
     cases.text = readFileSync(new URL(cases.text_file, `file://${casesPath}`), "utf8");
 }
 const { llama, model } = await loadCpuModel(modelPath, 2);
-const bos = model.tokens.bos;
+// BOS first where the file asks for it (`tokenizer.ggml.add_bos_token`), as a prompt runs.
+const start = model.tokens.bos != null && model.tokens.shouldPrependBosToken ? [model.tokens.bos] : [];
 
 const tokenizer = cases.tokenizer.map((c) => ({
     ...c,
     ids: Array.from(model.tokenize(c.text, c.parse_special)),
 }));
 
-const textIds = [bos, ...model.tokenize(cases.text, false)].slice(0, cases.text_tokens);
+const textIds = [...start, ...model.tokenize(cases.text, false)].slice(0, cases.text_tokens);
 const context = await model.createContext({
     contextSize: Math.max(2048, textIds.length + 64),
     batchSize: 512,
@@ -54,7 +55,7 @@ function topTwo(probabilities) {
 const prompts = [];
 for (const text of cases.prompts) {
     await sequence.clearHistory();
-    const ids = [bos, ...model.tokenize(text, false)];
+    const ids = [...start, ...model.tokenize(text, false)];
     let dist = (await evaluate(ids, (i) => i === ids.length - 1)).at(-1);
     const greedy = [];
     const margins = [];

@@ -17,8 +17,10 @@ pub struct Attention<B: Backend> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    /// RMSNorm over each query head, then each key head, before RoPE (Gemma 3).
+    /// RMSNorm over each query head, then each key head, before RoPE (Gemma 3, Qwen3).
     pub head_norms: Option<(RmsNorm<B>, RmsNorm<B>)>,
+    /// Biases added to Q, K and V (Qwen2).
+    pub bias: Option<[Tensor<B, 1>; 3]>,
     /// Keys a query sees, itself included (`None`: every earlier key).
     pub window: Option<usize>,
 }
@@ -93,13 +95,20 @@ impl<B: EngineBackend> Attention<B> {
         }
     }
 
-    /// Q, K and V of `x`, the head norms applied to Q and K.
+    /// Q, K and V of `x`, with their biases, the head norms applied to Q and K.
     fn project(&self, x: Tensor<B, 2>) -> [Tensor<B, 2>; 3] {
-        let [q, k, v] = self
+        let [q, k, v]: [Tensor<B, 2>; 3] = self
             .qkv
             .forward(x)
             .try_into()
             .unwrap_or_else(|_| unreachable!("Q, K and V"));
+        let [q, k, v] = match &self.bias {
+            Some([bq, bk, bv]) => {
+                let add = |t: Tensor<B, 2>, b: &Tensor<B, 1>| t + b.clone().unsqueeze_dim(0);
+                [add(q, bq), add(k, bk), add(v, bv)]
+            }
+            None => [q, k, v],
+        };
         match &self.head_norms {
             Some((qn, kn)) => [
                 per_head(qn, q, self.n_heads),

@@ -102,8 +102,12 @@ impl<B: EngineBackend> Block<B> {
         }
     }
 
-    /// The matrices as the fused kernels take them, if they are joined and quantized.
+    /// The matrices as the fused kernels take them, if they are joined and quantized and
+    /// the block has no Q/K/V biases (which the fused kernels do not add yet).
     fn fused_weights(&self) -> Option<FusedWeights<'_, B>> {
+        if self.attn.bias.is_some() {
+            return None;
+        }
         let (qkv, Rows::Stacked) = self.attn.qkv.joined()? else {
             return None;
         };

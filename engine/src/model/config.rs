@@ -67,6 +67,11 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     /// RMSNorm on the attention and feed-forward outputs before their residual adds.
     pub post_norms: bool,
+    /// A bias on each of Q, K and V (Qwen2).
+    pub qkv_bias: bool,
+    /// A divisor per RoPE frequency, `head_dim / 2` of them (Llama 3's `rope_freqs`
+    /// tensor, which stretches the low frequencies for long context).
+    pub rope_factors: Option<Vec<f32>>,
     /// One entry per block.
     pub layers: Vec<LayerConfig>,
 }
@@ -100,6 +105,8 @@ impl ModelConfig {
             embed_scale: None,
             qk_norm: false,
             post_norms: false,
+            qkv_bias: false,
+            rope_factors: None,
             layers: vec![
                 LayerConfig {
                     window: None,
@@ -174,6 +181,16 @@ impl ModelConfig {
                 self.layers.len(),
                 self.n_layers
             ));
+        }
+        if let Some(f) = &self.rope_factors {
+            if f.len() != self.head_dim / 2 || f.iter().any(|&x| x.is_nan() || x <= 0.0) {
+                return bad(format!(
+                    "{} RoPE factors for heads of {} (want {} positive ones)",
+                    f.len(),
+                    self.head_dim,
+                    self.head_dim / 2
+                ));
+            }
         }
         if self.layers.iter().any(|l| l.window == Some(0)) {
             return bad("an attention window of zero keys".into());

@@ -266,7 +266,10 @@ impl<B: QuantOps + FusedOps> Model<B> {
     ) -> Result<Self, ModelError> {
         let c = config_from_gguf(file)?;
         let (d, hd) = (c.d_model, c.head_dim);
-        let per_layer = 9 + 2 * usize::from(c.qk_norm) + 2 * usize::from(c.post_norms);
+        let per_layer = 9
+            + 2 * usize::from(c.qk_norm)
+            + 2 * usize::from(c.post_norms)
+            + 3 * usize::from(c.qkv_bias);
         let total = 2 + per_layer * c.n_layers + usize::from(!c.tied_embeddings);
         let mut l = Loader::<B> {
             file,
@@ -298,6 +301,18 @@ impl<B: QuantOps + FusedOps> Model<B> {
                 true => Some((norm("post_attention_norm", d)?, norm("post_ffw_norm", d)?)),
                 false => None,
             };
+            let bias = match c.qkv_bias {
+                true => {
+                    let kv = c.n_kv_heads * hd;
+                    let mut b = |s: &str, len| l.vector(&format!("blk.{i}.{s}.bias"), len);
+                    Some([
+                        b("attn_q", c.q_width())?,
+                        b("attn_k", kv)?,
+                        b("attn_v", kv)?,
+                    ])
+                }
+                false => None,
+            };
             blocks.push(Block {
                 attn_norm,
                 attn: Attention {
@@ -315,6 +330,7 @@ impl<B: QuantOps + FusedOps> Model<B> {
                     n_kv_heads: c.n_kv_heads,
                     head_dim: hd,
                     head_norms,
+                    bias,
                     window: c.layers[i].window,
                 },
                 ffn_norm,

@@ -30,6 +30,7 @@ impl<B: Backend> Model<B> {
                     n_kv_heads: config.n_kv_heads,
                     head_dim: hd,
                     head_norms: config.qk_norm.then(|| (ones(hd), ones(hd))),
+                    bias: None,
                     window: config.layers[i].window,
                 },
                 ffn_norm: norm(),

@@ -1,7 +1,8 @@
 //! Rotary position embedding. Llama's GGUF layout rotates adjacent dimensions (2i, 2i+1)
 //! (llama.cpp's converter permutes its Q and K weights for it); the NeoX layout (Gemma,
 //! Qwen) rotates dimension i with i + head_dim / 2. Either way angle i is
-//! `position * theta^(-2i / head_dim)`.
+//! `position * theta^(-2i / head_dim) / factor_i`, the factors 1 unless the file gives
+//! them (Llama 3's `rope_freqs`).
 
 use std::sync::Arc;
 
@@ -22,20 +23,23 @@ pub struct Rope<B: Backend> {
 
 impl<B: Backend> Rope<B> {
     /// Tables for `max_len` positions of heads of size `head_dim` with frequency base
-    /// `theta`, rotating as `style` pairs dimensions.
+    /// `theta`, each frequency divided by its entry of `factors` where given, rotating as
+    /// `style` pairs dimensions.
     pub fn new(
         head_dim: usize,
         max_len: usize,
         theta: f64,
+        factors: Option<&[f32]>,
         style: RopeStyle,
         device: &B::Device,
     ) -> Self {
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(max_len * half);
         let mut sin = Vec::with_capacity(max_len * half);
+        let factor = |i: usize| factors.map_or(1.0, |f| f64::from(f[i]));
         for pos in 0..max_len {
             for i in 0..half {
-                let freq = theta.powf(-2.0 * i as f64 / head_dim as f64);
+                let freq = theta.powf(-2.0 * i as f64 / head_dim as f64) / factor(i);
                 let angle = pos as f64 * freq;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);

@@ -84,7 +84,8 @@ impl<B: Backend> Model<B> {
             .into_iter()
             .map(|theta| {
                 let (hd, len) = (config.head_dim, config.max_seq_len);
-                Rope::new(hd, len, theta, config.rope_style, device)
+                let factors = config.rope_factors.as_deref();
+                Rope::new(hd, len, theta, factors, config.rope_style, device)
             })
             .collect()
     }

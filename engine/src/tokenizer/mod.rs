@@ -10,9 +10,14 @@ mod stream;
 use thiserror::Error;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::{
-    byte_level::ByteLevel, digits::Digits, sequence::Sequence, PreTokenizerWrapper,
+    byte_level::ByteLevel,
+    digits::Digits,
+    sequence::Sequence,
+    split::{Split, SplitPattern},
+    PreTokenizerWrapper,
 };
 use tokenizers::AddedToken;
+use tokenizers::SplitDelimiterBehavior;
 
 use crate::gguf::{GgufError, GgufFile};
 pub use byte_level::{byte_to_char, ByteDecoder};
@@ -32,7 +37,9 @@ pub enum TokenizerError {
         "unsupported tokenizer model {0:?} (supported: gpt2 byte-level BPE, llama SentencePiece)"
     )]
     UnsupportedModel(String),
-    #[error("unsupported pre-tokenizer {0:?}")]
+    #[error(
+        "unsupported pre-tokenizer {0:?} (supported: gpt2, default, smollm, starcoder, refact, codeshell, llama-bpe, llama3, llama-v3, qwen2)"
+    )]
     UnsupportedPre(String),
     #[error("malformed tokenizer metadata: {0}")]
     Malformed(String),
@@ -85,15 +92,35 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-/// Pre-tokenizers known for `gpt2`-type vocabularies, as llama.cpp names them.
-fn pre_tokenizer(name: &str) -> Result<Vec<PreTokenizerWrapper>, TokenizerError> {
+/// Llama 3's split (`llama-bpe`): contractions, letters, digits in threes, punctuation,
+/// newlines and spaces.
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen2's split (`qwen2`, also Qwen2.5 and Qwen3): Llama 3's with single digits.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Pre-tokenizers known for `gpt2`-type vocabularies, as llama.cpp names them, and
+/// whether a piece found whole in the vocabulary skips the merges (Llama 3's
+/// `ignore_merges`).
+fn pre_tokenizer(name: &str) -> Result<(Vec<PreTokenizerWrapper>, bool), TokenizerError> {
     let byte_level = ByteLevel::new(false, false, true).into();
+    let split = |pattern: &str| -> Result<PreTokenizerWrapper, TokenizerError> {
+        let split = Split::new(
+            SplitPattern::Regex(pattern.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| TokenizerError::Malformed(e.to_string()))?;
+        Ok(split.into())
+    };
+    let bytes_only = || ByteLevel::new(false, true, false).into();
     match name {
         // Digits split one by one, then the GPT-2 regex.
         "smollm" | "starcoder" | "refact" | "codeshell" => {
-            Ok(vec![Digits::new(true).into(), byte_level])
+            Ok((vec![Digits::new(true).into(), byte_level], false))
         }
-        "gpt2" | "default" => Ok(vec![byte_level]),
+        "gpt2" | "default" => Ok((vec![byte_level], false)),
+        "llama-bpe" | "llama3" | "llama-v3" => Ok((vec![split(LLAMA3_SPLIT)?, bytes_only()], true)),
+        "qwen2" => Ok((vec![split(QWEN2_SPLIT)?, bytes_only()], false)),
         other => Err(TokenizerError::UnsupportedPre(other.to_string())),
     }
 }
@@ -289,10 +316,17 @@ impl Tokenizer {
     }
 
     /// Tokens that end a generation: end of sequence, end of turn (`<|im_end|>`,
-    /// `<end_of_turn>`) and end of text, those the vocabulary has, each once.
+    /// `<end_of_turn>`, `<|eot_id|>`) and end of text, those the vocabulary has, each once.
     pub fn stop_ids(&self) -> Vec<u32> {
         let mut ids: Vec<u32> = self.eos_id.into_iter().collect();
-        for text in ["<|im_end|>", "<end_of_turn>", "<|endoftext|>"] {
+        let ends = [
+            "<|im_end|>",
+            "<end_of_turn>",
+            "<|eot_id|>",
+            "<|endoftext|>",
+            "<|end_of_text|>",
+        ];
+        for text in ends {
             if let Some(id) = self.token_id(text).filter(|id| !ids.contains(id)) {
                 ids.push(id);
             }
@@ -326,12 +360,14 @@ fn bpe(
         .enumerate()
         .map(|(i, t)| (t.to_string(), i as u32))
         .collect();
+    let (pre_tokenizers, ignore_merges) = pre_tokenizer(pre)?;
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
         .build()
         .map_err(|e| TokenizerError::Malformed(e.to_string()))?;
     let mut special = tokenizers::Tokenizer::new(bpe);
-    special.with_pre_tokenizer(Some(Sequence::new(pre_tokenizer(pre)?)));
+    special.with_pre_tokenizer(Some(Sequence::new(pre_tokenizers)));
     let added: Vec<AddedToken> = tokens
         .iter()
         .zip(types)

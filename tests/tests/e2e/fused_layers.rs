@@ -144,7 +144,7 @@ fn rope_kv_epilogue_matches_separate_operations() {
     let device = wgpu_device().expect("a wgpu adapter").0;
     let (heads, kv_heads, head_dim, slots) = (3, 1, 16, 64);
     let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
-    let rope = Rope::<B>::new(head_dim, 512, 10_000.0, RopeStyle::Adjacent, &device);
+    let rope = Rope::<B>::new(head_dim, 512, 10_000.0, None, RopeStyle::Adjacent, &device);
     let c = case(GgmlType::Q4_1, q_width + 2 * kv_width, 96, 60);
     for tokens in TOKENS {
         let x = Tensor::<B, 2>::random([tokens, c.cols], Distribution::Uniform(-1.0, 1.0), &device);

@@ -6,64 +6,20 @@
 //! pool gives blocks back as the window passes them, and the prefix cache reuses what
 //! both pools still hold.
 
+use crate::common::{gemma_file, read_reference, run_on, serve_waves};
+use crate::llama_cpp::{check_greedy, greedy_batch, Reference};
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
-use fornax_engine::model::{Logits, Model, SeqTokens};
-use fornax_engine::sampling::argmax;
+use fornax_engine::model::Model;
 use fornax_engine::sched::{PolicyKind, SchedulerConfig};
 use fornax_engine::score::{perplexity, token_logprobs_in};
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::Tokenizer;
 use fornax_engine::{generate_in, Engine, GenerateParams};
-use serde::Deserialize;
 
-use crate::common::{gemma_file, read_reference, run_on, serve_waves};
-
-/// A greedy divergence is allowed only after a step whose reference top-1/top-2
-/// log-probability margin is below this.
-const MIN_MARGIN: f64 = 0.1;
 /// Allowed relative perplexity difference from llama.cpp's.
 const PPL_TOLERANCE: f64 = 0.01;
-
-#[derive(Debug, Deserialize)]
-struct Reference {
-    tokenizer: Vec<TokenizerCase>,
-    prompts: Vec<PromptCase>,
-    text: Text,
-}
-
-#[derive(Debug, Deserialize)]
-struct TokenizerCase {
-    name: String,
-    text: String,
-    parse_special: bool,
-    ids: Vec<u32>,
-}
-
-#[derive(Debug, Deserialize)]
-struct PromptCase {
-    prompt: String,
-    /// BOS and the prompt.
-    ids: Vec<u32>,
-    greedy: Vec<u32>,
-    margins: Vec<f64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Text {
-    ids: Vec<u32>,
-    /// llama.cpp's log-probability of each token after the first.
-    logprobs: Vec<f64>,
-}
-
-impl Text {
-    /// llama.cpp's perplexity over the first `n` tokens.
-    fn perplexity(&self, n: usize) -> f64 {
-        let lp = &self.logprobs[..n - 1];
-        (-lp.iter().sum::<f64>() / lp.len() as f64).exp()
-    }
-}
 
 fn reference() -> Reference {
     read_reference("gemma3/llama_cpp.json")
@@ -119,26 +75,6 @@ fn chat_prompts_use_gemma_turns() {
     assert!(tok.stop_ids().contains(&end));
 }
 
-/// How many of `ours` equal llama.cpp's greedy tokens; an error where they part after a
-/// step with a clear margin.
-fn check_greedy(ours: &[u32], case: &PromptCase) -> Result<usize, String> {
-    for (i, (&a, &b)) in ours.iter().zip(&case.greedy).enumerate() {
-        if a != b {
-            let margin = case.margins[i];
-            return match margin < MIN_MARGIN {
-                true => Ok(i),
-                false => Err(format!(
-                    "step {i}: {a} vs llama.cpp's {b} (margin {margin:.3})"
-                )),
-            };
-        }
-    }
-    match ours.len() == case.greedy.len() {
-        true => Ok(ours.len()),
-        false => Err(format!("{} of {} tokens", ours.len(), case.greedy.len())),
-    }
-}
-
 /// What one backend is checked on.
 #[derive(Debug, Clone, Copy)]
 enum Check {
@@ -190,33 +126,8 @@ impl BackendTask for Check {
             }
             Check::GreedyBatch => {
                 let steps = r.prompts[0].greedy.len();
-                let blocks: usize = r
-                    .prompts
-                    .iter()
-                    .map(|c| (c.ids.len() + steps).div_ceil(BLOCK_TOKENS))
-                    .sum();
-                let mut kv =
-                    model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
-                let seqs: Vec<_> = r.prompts.iter().map(|_| kv.add_sequence()).collect();
-                let mut inputs: Vec<Vec<u32>> = r.prompts.iter().map(|c| c.ids.clone()).collect();
-                let mut ours = vec![Vec::new(); r.prompts.len()];
-                for _ in 0..steps {
-                    let batch: Vec<SeqTokens> = seqs
-                        .iter()
-                        .zip(&inputs)
-                        .map(|(&seq, tokens)| SeqTokens { seq, tokens })
-                        .collect();
-                    let logits = model
-                        .forward_batch(&batch, &mut kv, Logits::Last)
-                        .map_err(|e| e.to_string())?;
-                    let vocab = logits.dims()[1];
-                    let logits = fornax_engine::logits_to_vec(logits);
-                    for (i, row) in logits.chunks_exact(vocab).enumerate() {
-                        let token = argmax(row);
-                        ours[i].push(token);
-                        inputs[i] = vec![token];
-                    }
-                }
+                let prompts: Vec<&[u32]> = r.prompts.iter().map(|c| &c.ids[..]).collect();
+                let ours = greedy_batch(&model, &prompts, steps)?;
                 for (case, ours) in r.prompts.iter().zip(&ours) {
                     match check_greedy(ours, case) {
                         Ok(n) => report += &format!("{:?}: {n}/{steps} equal\n", case.prompt),

@@ -74,7 +74,7 @@ fn qkv_heads_kernel_matches_burn_operations_in_one_dispatch() {
     for head_dim in [32, 256] {
         let (q_width, kv_width) = (heads * head_dim, kv_heads * head_dim);
         for style in [RopeStyle::Adjacent, RopeStyle::Neox] {
-            let rope = Rope::<B>::new(head_dim, 300, 10_000.0, style, &device);
+            let rope = Rope::<B>::new(head_dim, 300, 10_000.0, None, style, &device);
             for normed in [false, true] {
                 for tokens in [1, 6] {
                     let label =

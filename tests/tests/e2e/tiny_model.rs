@@ -89,7 +89,7 @@ fn rms_norm_matches_formula() {
 #[test]
 fn rope_rotates_pairs_in_both_layouts() {
     let device = Default::default();
-    let rope = Rope::<B>::new(4, 8, 100.0, RopeStyle::Adjacent, &device);
+    let rope = Rope::<B>::new(4, 8, 100.0, None, RopeStyle::Adjacent, &device);
     let x = Tensor::<B, 2>::from_data(
         TensorData::new(vec![1.0f32, 0.0, 1.0, 0.0], [1, 4]),
         &device,
@@ -105,7 +105,7 @@ fn rope_rotates_pairs_in_both_layouts() {
     assert!(max_diff(&in_place, &want) < 1e-5, "{in_place:?}");
 
     // NeoX: angle 0 turns dimensions (0, 2), angle 1 dimensions (1, 3).
-    let neox = Rope::<B>::new(4, 8, 100.0, RopeStyle::Neox, &device);
+    let neox = Rope::<B>::new(4, 8, 100.0, None, RopeStyle::Neox, &device);
     let (c, s) = (3.0f32.cos(), 3.0f32.sin());
     let want = [c - s, a1.cos() - a1.sin(), s + c, a1.sin() + a1.cos()];
     let x = Tensor::<B, 2>::from_data(TensorData::new(vec![1.0f32; 4], [1, 4]), &device);

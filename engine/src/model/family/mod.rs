@@ -4,6 +4,8 @@
 
 mod gemma3;
 mod llama;
+mod qwen2;
+mod qwen3;
 
 use super::{ModelConfig, ModelError};
 use crate::gguf::{GgufError, GgufFile};
@@ -12,7 +14,12 @@ use crate::gguf::{GgufError, GgufFile};
 type ReadConfig = fn(&Meta<'_, '_>) -> Result<ModelConfig, ModelError>;
 
 /// Each `general.architecture` Fornax runs, with its reader.
-const FAMILIES: [(&str, ReadConfig); 2] = [("llama", llama::config), ("gemma3", gemma3::config)];
+const FAMILIES: [(&str, ReadConfig); 4] = [
+    ("llama", llama::config),
+    ("gemma3", gemma3::config),
+    ("qwen2", qwen2::config),
+    ("qwen3", qwen3::config),
+];
 
 /// The `general.architecture` values Fornax runs.
 pub const ARCHITECTURES: [&str; FAMILIES.len()] = {
@@ -66,6 +73,24 @@ impl Meta<'_, '_> {
     /// A required number.
     fn f64(&self, k: &str) -> Result<f64, GgufError> {
         self.file.f64(&self.key(k))
+    }
+
+    /// Every layer attends over the window the file declares, if it declares one
+    /// (`attention.sliding_window`, as Mistral's files do).
+    fn sliding_window(&self, c: &mut ModelConfig) -> Result<(), ModelError> {
+        if let Some(window) = self.opt_usize("attention.sliding_window") {
+            c.layers.iter_mut().for_each(|l| l.window = Some(window));
+        }
+        Ok(())
+    }
+
+    /// The divisors of RoPE's frequencies in the `rope_freqs` tensor (Llama 3.1+), if
+    /// the file has one.
+    fn rope_factors(&self) -> Result<Option<Vec<f32>>, ModelError> {
+        if self.file.tensor("rope_freqs.weight").is_err() {
+            return Ok(None);
+        }
+        Ok(Some(self.file.dequantize("rope_freqs.weight")?.0))
     }
 
     /// The sizes every family has, with Llama's conventions for the rest
