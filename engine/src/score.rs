@@ -44,11 +44,11 @@ pub fn token_logprobs_in<B: EngineBackend>(
     Ok(out)
 }
 
-/// Columns reduced at a time by [`log_softmax_rows`].
+/// Columns reduced at a time by `log_softmax_rows`.
 const REDUCE_SPAN: usize = 32768;
 
 /// The log-softmax of each row of `logits` `[rows, width]`, its maximum and sum taken
-/// over pieces of at most [`REDUCE_SPAN`] columns: burn's wgpu reduction (0.21) reads
+/// over pieces of at most 32,768 columns: burn's wgpu reduction (0.21) reads
 /// only the first 65,536 values of a wider row whose width is not a multiple of 4, as
 /// the vocabularies of Llama 3.2 (128,257) and Qwen (151,669) are.
 pub fn log_softmax_rows<B: Backend>(logits: Tensor<B, 2>) -> Tensor<B, 2> {

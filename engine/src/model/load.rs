@@ -198,7 +198,10 @@ impl<B: QuantOps> Loader<'_, '_, B> {
             });
         }
         let total: usize = parts.iter().map(|p| p.1).sum();
-        let row_bytes = inp / QBLOCK * ty.block_bytes() as usize;
+        // A row is whole blocks of the type (32 values, or 256 for the K-quants).
+        let Some(row_bytes) = ty.bytes_for(inp as u64).map(|b| b as usize) else {
+            return Ok(None);
+        };
         let mut joined = Vec::with_capacity(total * row_bytes);
         match rows {
             Rows::Stacked => bytes.iter().for_each(|b| joined.extend_from_slice(b)),

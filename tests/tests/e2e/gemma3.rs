@@ -129,7 +129,7 @@ impl BackendTask for Check {
                 let prompts: Vec<&[u32]> = r.prompts.iter().map(|c| &c.ids[..]).collect();
                 let ours = greedy_batch(&model, &prompts, steps)?;
                 for (case, ours) in r.prompts.iter().zip(&ours) {
-                    match check_greedy(ours, case) {
+                    match check_greedy(&ours.tokens, case) {
                         Ok(n) => report += &format!("{:?}: {n}/{steps} equal\n", case.prompt),
                         Err(e) => failures.push(format!("{:?}: {e}", case.prompt)),
                     }

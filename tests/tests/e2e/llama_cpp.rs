@@ -79,13 +79,20 @@ pub(crate) fn agreeing_steps(ours: &[u32], want: &[u32], margins: &[f64]) -> Res
     }
 }
 
+/// Greedy tokens and, at each step, the top-1/top-2 logit margin (that of the
+/// log-probabilities).
+pub(crate) struct Greedy {
+    pub tokens: Vec<u32>,
+    pub margins: Vec<f64>,
+}
+
 /// `steps` greedy tokens after each of `prompts`, all of them in one ragged batch, one
 /// forward pass a step, as the engine runs them.
 pub(crate) fn greedy_batch<B: EngineBackend>(
     model: &Model<B>,
     prompts: &[&[u32]],
     steps: usize,
-) -> Result<Vec<Vec<u32>>, String> {
+) -> Result<Vec<Greedy>, String> {
     let blocks: usize = prompts
         .iter()
         .map(|p| (p.len() + steps).div_ceil(BLOCK_TOKENS))
@@ -93,7 +100,13 @@ pub(crate) fn greedy_batch<B: EngineBackend>(
     let mut kv = model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
     let seqs: Vec<_> = prompts.iter().map(|_| kv.add_sequence()).collect();
     let mut inputs: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
-    let mut ours = vec![Vec::new(); prompts.len()];
+    let mut ours: Vec<Greedy> = prompts
+        .iter()
+        .map(|_| Greedy {
+            tokens: Vec::new(),
+            margins: Vec::new(),
+        })
+        .collect();
     for _ in 0..steps {
         let batch: Vec<SeqTokens> = seqs
             .iter()
@@ -107,7 +120,15 @@ pub(crate) fn greedy_batch<B: EngineBackend>(
         let logits = fornax_engine::logits_to_vec(logits);
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
             let token = argmax(row);
-            ours[i].push(token);
+            let second = row
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != token as usize)
+                .fold(f32::NEG_INFINITY, |m, (_, &v)| m.max(v));
+            ours[i].tokens.push(token);
+            ours[i]
+                .margins
+                .push(f64::from(row[token as usize] - second));
             inputs[i] = vec![token];
         }
     }
