@@ -36,10 +36,14 @@ impl<B: Backend> Rope<B> {
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(max_len * half);
         let mut sin = Vec::with_capacity(max_len * half);
-        let factor = |i: usize| factors.map_or(1.0, |f| f64::from(f[i]));
+        let freqs: Vec<f64> = (0..half)
+            .map(|i| {
+                let factor = factors.map_or(1.0, |f| f64::from(f[i]));
+                theta.powf(-2.0 * i as f64 / head_dim as f64) / factor
+            })
+            .collect();
         for pos in 0..max_len {
-            for i in 0..half {
-                let freq = theta.powf(-2.0 * i as f64 / head_dim as f64) / factor(i);
+            for &freq in &freqs {
                 let angle = pos as f64 * freq;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);

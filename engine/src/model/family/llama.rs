@@ -9,6 +9,6 @@ use crate::model::{ModelConfig, ModelError};
 pub(super) fn config(meta: &Meta<'_, '_>) -> Result<ModelConfig, ModelError> {
     let mut c = meta.common()?;
     c.rope_factors = meta.rope_factors()?;
-    meta.sliding_window(&mut c)?;
+    meta.sliding_window(&mut c);
     Ok(c)
 }

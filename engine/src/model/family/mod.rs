@@ -77,11 +77,10 @@ impl Meta<'_, '_> {
 
     /// Every layer attends over the window the file declares, if it declares one
     /// (`attention.sliding_window`, as Mistral's files do).
-    fn sliding_window(&self, c: &mut ModelConfig) -> Result<(), ModelError> {
+    fn sliding_window(&self, c: &mut ModelConfig) {
         if let Some(window) = self.opt_usize("attention.sliding_window") {
             c.layers.iter_mut().for_each(|l| l.window = Some(window));
         }
-        Ok(())
     }
 
     /// The divisors of RoPE's frequencies in the `rope_freqs` tensor (Llama 3.1+), if

@@ -9,6 +9,6 @@ pub(super) fn config(meta: &Meta<'_, '_>) -> Result<ModelConfig, ModelError> {
     let mut c = meta.common()?;
     c.rope_style = RopeStyle::Neox;
     c.qkv_bias = true;
-    meta.sliding_window(&mut c)?;
+    meta.sliding_window(&mut c);
     Ok(c)
 }

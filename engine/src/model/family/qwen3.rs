@@ -10,6 +10,6 @@ pub(super) fn config(meta: &Meta<'_, '_>) -> Result<ModelConfig, ModelError> {
     let mut c = meta.common()?;
     c.rope_style = RopeStyle::Neox;
     c.qk_norm = true;
-    meta.sliding_window(&mut c)?;
+    meta.sliding_window(&mut c);
     Ok(c)
 }
