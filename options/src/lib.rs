@@ -90,6 +90,34 @@ impl ModelArgs {
     }
 }
 
+/// A chat template that replaces the model file's.
+#[derive(Args, Debug, Clone, Default)]
+pub struct TemplateArgs {
+    /// Chat template (Jinja, as in a `tokenizer_config.json`'s `chat_template`) to use
+    /// instead of the model file's: for a file without one, or with an older one than
+    /// its family's (Qwen2.5's or Llama 3.2's tool calling).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template_file: Option<PathBuf>,
+}
+
+impl TemplateArgs {
+    /// Reads the template, if one was given, into `tok`.
+    pub fn apply(&self, tok: &mut Tokenizer) -> Result<()> {
+        let Some(path) = &self.chat_template_file else {
+            return Ok(());
+        };
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the chat template {}", path.display()))?;
+        anyhow::ensure!(
+            !source.trim().is_empty(),
+            "the chat template {} is empty",
+            path.display()
+        );
+        tok.set_chat_template(source);
+        Ok(())
+    }
+}
+
 /// Parses a mapped file, naming the file in errors.
 pub fn parse(file: &ModelFile) -> Result<GgufFile<'_>> {
     GgufFile::parse(file.bytes()).context("invalid GGUF model file")

@@ -31,6 +31,9 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Tool>>,
     pub tool_choice: Option<ToolChoice>,
     pub parallel_tool_calls: Option<bool>,
+    /// More variables for the chat template (vLLM's and SGLang's field: Qwen3's
+    /// `enable_thinking`, Llama 3's `date_string`, ...).
+    pub chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// A completion prompt: text, a one-element list of text, or token ids.

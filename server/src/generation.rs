@@ -24,6 +24,7 @@ use crate::telemetry::{
 use crate::text::StopText;
 use crate::tools::ToolPlan;
 use crate::AppState;
+use fornax_engine::grammar::CallSyntax;
 
 /// The most choices one request may ask for.
 pub const MAX_CHOICES: usize = 16;
@@ -57,8 +58,8 @@ pub struct Job {
     /// The grammar the output must match, compiled when the job starts, and the field
     /// it came from.
     pub grammar: Option<(Grammar, &'static str)>,
-    /// The output may be tool calls (`tools.rs`).
-    pub tools: bool,
+    /// The output may be tool calls, in this syntax (`tools.rs`).
+    pub tools: Option<CallSyntax>,
 }
 
 impl Job {
@@ -168,7 +169,7 @@ impl Job {
             include_usage: params.stream_options.is_some_and(|o| o.include_usage),
             n,
             grammar,
-            tools: false,
+            tools: None,
         })
     }
 
@@ -193,7 +194,7 @@ impl Job {
             ));
         }
         self.grammar = Some((plan.grammar, "tools"));
-        self.tools = true;
+        self.tools = Some(plan.syntax);
         Ok(self)
     }
 }

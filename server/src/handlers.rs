@@ -13,7 +13,8 @@ use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fornax_engine::tokenizer::Tokenizer;
+use fornax_engine::grammar::CallSyntax;
+use fornax_engine::tokenizer::{TemplateInputs, Tokenizer};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 
@@ -60,7 +61,7 @@ impl Envelope {
             model: state.model.name.clone(),
             logprobs: job.logprobs.map(|_| state.tokenizer.clone()),
             offset: 0,
-            calls: job.tools.then(CallStream::default),
+            calls: job.tools.map(CallStream::new),
             held: Vec::new(),
         }
     }
@@ -96,7 +97,10 @@ impl Envelope {
     /// This choice of a whole response.
     fn choice(&mut self, text: &str, reason: &str, entries: &[Logprob]) -> Value {
         let logprobs = self.logprobs(entries);
-        let calls = self.calls.as_ref().and_then(|_| tools::read_calls(text));
+        let calls = self
+            .calls
+            .as_ref()
+            .and_then(|c| tools::read_calls(c.syntax(), text));
         match (self.endpoint, calls) {
             (Endpoint::Completions, _) => text_choice(self.index, text, Some(reason), logprobs),
             (Endpoint::Chat, Some(Ok(calls))) => {
@@ -300,21 +304,28 @@ pub async fn chat(
             "messages must not be empty",
         ));
     }
-    let reads_tools = state
+    let template = state
         .tokenizer
         .chat_template()
-        .is_ok_and(|t| t.reads_tools());
+        .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+    let reads_tools = template.reads_tools();
+    let syntax = CallSyntax::of_template(template.source());
     let plan = tools::plan(
         req.tools,
         req.tool_choice,
         req.parallel_tool_calls,
         reads_tools,
+        syntax,
     )?;
     let system = plan.as_ref().and_then(|p| p.system.as_deref());
     let messages = tools::conversation(&req.messages, system, reads_tools)?;
+    let inputs = TemplateInputs {
+        tools: plan.as_ref().map(|p| &p.tools),
+        kwargs: req.chat_template_kwargs.as_ref(),
+    };
     let prompt = state
         .tokenizer
-        .encode_chat_with_tools(&messages, plan.as_ref().map(|p| &p.tools))
+        .encode_chat_with(&messages, inputs)
         .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
     let mut job = Job::new(&state, params, prompt, caller.map(|Extension(c)| c))?;
     if let Some(plan) = plan {

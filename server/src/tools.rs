@@ -1,14 +1,13 @@
 //! `tools`, `tool_choice` and `parallel_tool_calls` on the chat route: the calls the model
-//! may make become a grammar (`tool_call_grammar`: a JSON list of calls, each call's
-//! arguments valid for its tool's schema), the tools are described to the model (through
-//! the template's `tools`, or a system message where the template has none), and the
-//! output is read back as OpenAI's `tool_calls`, whole or as streamed deltas whose
-//! argument pieces join into the arguments' JSON.
+//! may make become a grammar in the syntax its template teaches ([`CallSyntax`]: Qwen's
+//! `<tool_call>` blocks, Llama 3's JSON, else a JSON list; each call's arguments valid
+//! for its tool's schema), the tools are described to the model (through the template's
+//! `tools`, or a system message where the template has none), earlier calls and results
+//! go to the template as it reads them, and the output is read back as OpenAI's
+//! `tool_calls`, whole or as streamed deltas whose argument pieces join into the
+//! arguments' JSON.
 
-use fornax_engine::grammar::{
-    starts_calls, tool_call_grammar, write_calls, CallDelta, CallMode, CallReader, Grammar,
-    ToolSpec,
-};
+use fornax_engine::grammar::{CallDelta, CallMode, CallReader, CallSyntax, Grammar, ToolSpec};
 use fornax_engine::tokenizer::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -59,6 +58,8 @@ pub struct NamedFunction {
 pub struct ToolPlan {
     /// The grammar of the output.
     pub grammar: Grammar,
+    /// How the calls are written.
+    pub syntax: CallSyntax,
     /// The tools as the template receives them.
     pub tools: Value,
     /// A system message describing the tools, where the template does not read them.
@@ -67,13 +68,19 @@ pub struct ToolPlan {
 
 /// The plan for `tools` under `choice` (default `auto`) and `parallel` (default true);
 /// `None` when no tool may be called. `template_reads_tools`: the chat template
-/// describes the tools itself.
+/// describes the tools itself, and teaches `syntax`.
 pub fn plan(
     tools: Option<Vec<Tool>>,
     choice: Option<ToolChoice>,
     parallel: Option<bool>,
     template_reads_tools: bool,
+    syntax: CallSyntax,
 ) -> Result<Option<ToolPlan>, ApiError> {
+    // A template without tools teaches no syntax: the system message teaches the list.
+    let syntax = match template_reads_tools {
+        true => syntax,
+        false => CallSyntax::List,
+    };
     let tools = tools.unwrap_or_default();
     let bad_choice = |m: String| ApiError::invalid_param("tool_choice", m);
     let (named, text_allowed) = match &choice {
@@ -154,19 +161,32 @@ pub fn plan(
         (true, None) => CallMode::Several,
         _ => CallMode::One,
     };
+    if parallel == Some(true) && !syntax.allows_several() && named.is_none() {
+        return Err(ApiError::invalid_param(
+            "parallel_tool_calls",
+            "this model's chat template makes one call a turn: send parallel_tool_calls \
+             false or leave it out",
+        ));
+    }
+    // As the client wrote them (fields it left out stay out).
     let described: Vec<Value> = tools
         .iter()
         .map(|t| {
-            json!({"type": "function", "function": {
-                "name": t.function.name,
-                "description": t.function.description,
-                "parameters": t.function.parameters,
-            }})
+            let f = &t.function;
+            let mut function = json!({"name": f.name});
+            if let Some(d) = &f.description {
+                function["description"] = json!(d);
+            }
+            if let Some(p) = &f.parameters {
+                function["parameters"] = p.clone();
+            }
+            json!({"type": "function", "function": function})
         })
         .collect();
     let system = (!template_reads_tools).then(|| describe(&tools));
     Ok(Some(ToolPlan {
-        grammar: tool_call_grammar(&specs, mode, text_allowed),
+        grammar: syntax.grammar(&specs, mode, text_allowed),
+        syntax,
         tools: Value::Array(described),
         system,
     }))
@@ -190,9 +210,10 @@ fn describe(tools: &[Tool]) -> String {
     s
 }
 
-/// The conversation as the template renders it: assistant tool calls written as the
-/// model writes them, tool results as the template's `tool` turns (or, where the
-/// template has no tools, one user turn per run of results), and `system` first.
+/// The conversation as the template renders it, `system` first. Where the template reads
+/// tools, it gets assistant calls (arguments as JSON values) and `tool` turns as it reads
+/// them; otherwise calls are written as the list syntax has the model write them and a
+/// run of tool results becomes one user turn.
 pub fn conversation(
     messages: &[Message],
     system: Option<&str>,
@@ -205,7 +226,12 @@ pub fn conversation(
         let text = m.text()?;
         let was_in_results = std::mem::replace(&mut in_results, false);
         if let Some(calls) = m.tool_calls.as_deref().filter(|c| !c.is_empty()) {
-            out.push(ChatMessage::new(&m.role, &written_calls(calls)));
+            let mut turn = ChatMessage::new(&m.role, &text);
+            match template_reads_tools {
+                true => turn.tool_calls = Some(template_calls(calls)),
+                false => turn.content = CallSyntax::List.write(&written_calls(calls)),
+            }
+            out.push(turn);
             continue;
         }
         if m.role == "tool" && !template_reads_tools {
@@ -221,7 +247,9 @@ pub fn conversation(
             in_results = true;
             continue;
         }
-        out.push(ChatMessage::new(&m.role, &text));
+        let mut turn = ChatMessage::new(&m.role, &text);
+        turn.tool_call_id = m.tool_call_id.clone();
+        out.push(turn);
     }
     if let Some(system) = system {
         match out.first_mut() {
@@ -234,21 +262,36 @@ pub fn conversation(
     Ok(out)
 }
 
-/// Earlier calls as the grammar has the model write them (arguments that are not JSON
-/// written as a JSON string).
-fn written_calls(calls: &[ToolCallMessage]) -> String {
-    let calls: Vec<(String, String)> = calls
+/// Earlier calls' names and arguments as JSON text (arguments that are not JSON written
+/// as a JSON string).
+fn written_calls(calls: &[ToolCallMessage]) -> Vec<(String, String)> {
+    calls
         .iter()
         .map(|c| {
-            let args = &c.function.arguments;
-            let args = match serde_json::from_str::<Value>(args) {
-                Ok(v) => v.to_string(),
-                Err(_) => Value::String(args.clone()).to_string(),
-            };
-            (c.function.name.clone(), args)
+            (
+                c.function.name.clone(),
+                arguments(&c.function.arguments).to_string(),
+            )
         })
-        .collect();
-    write_calls(&calls)
+        .collect()
+}
+
+/// Earlier calls as templates read them (transformers' convention: arguments a value).
+fn template_calls(calls: &[ToolCallMessage]) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let id = c.id.clone().unwrap_or_else(|| format!("call_{i}"));
+            json!({"id": id, "type": "function", "function": {
+                "name": c.function.name, "arguments": arguments(&c.function.arguments)}})
+        })
+        .collect()
+}
+
+/// A call's arguments (JSON text) as a value: a string where they are not JSON.
+fn arguments(text: &str) -> Value {
+    serde_json::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.to_string()))
 }
 
 /// The id of call `index` of response `response`.
@@ -269,18 +312,19 @@ pub fn tool_calls(response: &str, calls: &[(String, String)]) -> Value {
 }
 
 /// Reads calls whole from a finished output: `None` where it is text.
-pub fn read_calls(text: &str) -> Option<Result<Vec<(String, String)>, String>> {
-    if starts_calls(text) != Some(true) {
+pub fn read_calls(syntax: CallSyntax, text: &str) -> Option<Result<Vec<(String, String)>, String>> {
+    if syntax.starts_calls(text) != Some(true) {
         return None;
     }
-    let mut reader = CallReader::default();
+    let mut reader = CallReader::new(syntax);
     Some(reader.push(text).and_then(|_| reader.finish()))
 }
 
 /// A streamed output of a request with tools: text until it shows it is calls, then the
 /// calls' deltas.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CallStream {
+    syntax: CallSyntax,
     /// Text held until its first character shows what it is.
     held: String,
     /// Whether the output is calls, once known.
@@ -298,11 +342,26 @@ pub enum Streamed {
 }
 
 impl CallStream {
+    /// A stream whose calls are written in `syntax`.
+    pub fn new(syntax: CallSyntax) -> Self {
+        Self {
+            syntax,
+            held: String::new(),
+            calls: None,
+            reader: CallReader::new(syntax),
+        }
+    }
+
+    /// How the calls are written.
+    pub fn syntax(&self) -> CallSyntax {
+        self.syntax
+    }
+
     /// Takes a piece of the output; returns what to stream (nothing while undecided).
     pub fn push(&mut self, response: &str, piece: &str) -> Result<Option<Streamed>, String> {
         if self.calls.is_none() {
             self.held.push_str(piece);
-            self.calls = starts_calls(&self.held);
+            self.calls = self.syntax.starts_calls(&self.held);
             return match self.calls {
                 None => Ok(None),
                 Some(false) => Ok(Some(Streamed::Text(std::mem::take(&mut self.held)))),
@@ -347,6 +406,8 @@ impl CallStream {
 mod tests {
     use super::*;
 
+    const LIST: CallSyntax = CallSyntax::List;
+
     fn tools(v: Value) -> Option<Vec<Tool>> {
         serde_json::from_value(v).unwrap()
     }
@@ -365,7 +426,7 @@ mod tests {
             Grammar::Lark(l) => l,
             g => panic!("{g:?}"),
         };
-        let auto = plan(tools(two.clone()), None, None, false)
+        let auto = plan(tools(two.clone()), None, None, false, LIST)
             .unwrap()
             .unwrap();
         assert!(auto.system.as_deref().unwrap().contains("- a Arguments"));
@@ -375,6 +436,7 @@ mod tests {
             choice(json!({"type": "function", "function": {"name": "b"}})),
             None,
             true,
+            LIST,
         )
         .unwrap()
         .unwrap();
@@ -389,15 +451,18 @@ mod tests {
                 choice(json!("required")),
                 Some(false),
                 false,
+                LIST,
             )
             .unwrap()
             .unwrap(),
         );
         assert!(required.contains("calls: \"[\" call \"]\""));
-        assert!(plan(tools(two.clone()), choice(json!("none")), None, false)
-            .unwrap()
-            .is_none());
-        assert!(plan(None, None, None, false).unwrap().is_none());
+        assert!(
+            plan(tools(two.clone()), choice(json!("none")), None, false, LIST)
+                .unwrap()
+                .is_none()
+        );
+        assert!(plan(None, None, None, false, LIST).unwrap().is_none());
         for (t, c, param) in [
             (
                 two.clone(),
@@ -422,7 +487,7 @@ mod tests {
                 "tools",
             ),
         ] {
-            let e = plan(tools(t), choice(c.clone()), None, false).expect_err(&c.to_string());
+            let e = plan(tools(t), choice(c.clone()), None, false, LIST).expect_err(&c.to_string());
             assert_eq!(e.param.as_deref(), Some(param), "{c}: {}", e.message);
         }
     }
@@ -443,6 +508,7 @@ mod tests {
         ]))
         .unwrap();
         let out = conversation(&messages, Some("TOOLS"), false).unwrap();
+        assert!(out.iter().all(|m| m.tool_calls.is_none()));
         let turns: Vec<(&str, &str)> = out
             .iter()
             .map(|m| (m.role.as_str(), m.content.as_str()))
@@ -462,9 +528,55 @@ mod tests {
         );
     }
 
+    /// A template that reads tools gets the calls with their arguments as values (text
+    /// that is not JSON as a string), and `tool` turns with the call they answer.
+    #[test]
+    fn templates_with_tools_get_calls_and_results_as_they_read_them() {
+        let messages: Vec<Message> = serde_json::from_value(json!([
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{\"a\":1}"}},
+                {"type": "function", "function": {"name": "t", "arguments": "not json"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ]))
+        .unwrap();
+        let out = conversation(&messages, None, true).unwrap();
+        assert_eq!(out.len(), 3);
+        assert_eq!(
+            serde_json::to_value(&out[1]).unwrap(),
+            json!({"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": {"a": 1}}},
+                {"id": "call_1", "type": "function", "function": {"name": "t", "arguments": "not json"}}]})
+        );
+        assert_eq!(
+            serde_json::to_value(&out[2]).unwrap(),
+            json!({"role": "tool", "content": "sunny", "tool_call_id": "c1"})
+        );
+    }
+
+    /// The syntax follows the template where it reads tools; Llama 3's makes one call a
+    /// turn, so asking for parallel calls there is refused by name.
+    #[test]
+    fn the_template_chooses_the_syntax() {
+        let one = json!([{"type": "function", "function": {"name": "a"}}]);
+        let p = |reads, syntax, parallel| plan(tools(one.clone()), None, parallel, reads, syntax);
+        let tagged = p(true, CallSyntax::Tagged, None).unwrap().unwrap();
+        assert_eq!(tagged.syntax, CallSyntax::Tagged);
+        let Grammar::Lark(lark) = tagged.grammar else {
+            panic!("a Lark grammar")
+        };
+        assert!(lark.contains("<tool_call>"));
+        let listed = p(false, CallSyntax::Tagged, None).unwrap().unwrap();
+        assert_eq!(listed.syntax, CallSyntax::List, "no tools in the template");
+        assert!(p(true, CallSyntax::Llama3, None).unwrap().is_some());
+        assert!(p(true, CallSyntax::Llama3, Some(false)).unwrap().is_some());
+        let e = p(true, CallSyntax::Llama3, Some(true)).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("parallel_tool_calls"));
+    }
+
     #[test]
     fn a_stream_of_calls_becomes_openai_deltas_and_text_stays_text() {
-        let mut s = CallStream::default();
+        let mut s = CallStream::new(LIST);
         let mut deltas = Vec::new();
         for piece in [
             " ",
@@ -485,7 +597,7 @@ mod tests {
             .collect();
         assert_eq!(args, "{\"x\": 1}");
         assert_eq!(s.finish(), (String::new(), true));
-        let mut t = CallStream::default();
+        let mut t = CallStream::new(LIST);
         assert_eq!(
             t.push("r", "Hi").unwrap(),
             Some(Streamed::Text("Hi".into()))

@@ -46,7 +46,13 @@ const COMMON: [&str; 22] = [
 ];
 
 /// Fields of one route only.
-const CHAT: [&str; 4] = ["messages", "tools", "tool_choice", "parallel_tool_calls"];
+const CHAT: [&str; 5] = [
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+];
 const COMPLETIONS: [&str; 2] = ["prompt", "echo"];
 
 /// Fields clients send routinely that change nothing here: accepted and ignored.

@@ -18,7 +18,7 @@ use fornax_engine::{generate_in, Engine, EngineBackend, Event, GenerateParams, R
 
 use fornax_options::kv::KvArgs;
 use fornax_options::spec::SpecArgs;
-use fornax_options::{load_model, parse, tokenizer, ModelArgs};
+use fornax_options::{load_model, parse, tokenizer, ModelArgs, TemplateArgs};
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
@@ -55,6 +55,8 @@ pub struct GenerateArgs {
     /// System message for --chat (default: the template's own).
     #[arg(long)]
     pub system: Option<String>,
+    #[command(flatten)]
+    pub template: TemplateArgs,
     /// Prepend the BOS token even where the file does not ask for one (it does for Gemma,
     /// not for SmolLM2).
     #[arg(long)]
@@ -339,7 +341,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let file = args.model.open()?;
     let gguf = parse(&file)?;
-    let tok = Arc::new(tokenizer(&gguf)?);
+    let mut tok = tokenizer(&gguf)?;
+    anyhow::ensure!(
+        args.chat || args.template.chat_template_file.is_none(),
+        "--chat-template-file is for --chat"
+    );
+    args.template.apply(&mut tok)?;
+    let tok = Arc::new(tok);
     args.model.run_on(Generate {
         args: &args,
         gguf: &gguf,

@@ -23,7 +23,7 @@ use fornax_server::{spawn_http, telemetry, unix_now, AppState, Limits, ModelInfo
 
 use fornax_options::kv::KvArgs;
 use fornax_options::sched::SchedArgs;
-use fornax_options::{load_model, parse, tokenizer, ModelArgs};
+use fornax_options::{load_model, parse, tokenizer, ModelArgs, TemplateArgs};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -70,6 +70,8 @@ pub struct ServeArgs {
     /// The window the keys' rpm and tpm limits count over, in seconds.
     #[arg(long, default_value_t = 60)]
     pub rate_window_s: u64,
+    #[command(flatten)]
+    pub template: TemplateArgs,
     #[command(flatten)]
     pub sched: SchedArgs,
     #[command(flatten)]
@@ -178,7 +180,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let file = fornax_engine::store::ModelFile::open(&path)?;
     let gguf = parse(&file)?;
-    let tokenizer = Arc::new(tokenizer(&gguf)?);
+    let mut tokenizer = tokenizer(&gguf)?;
+    args.template.apply(&mut tokenizer)?;
+    let tokenizer = Arc::new(tokenizer);
     args.model.run_on(Serve {
         args: &args,
         path: path.clone(),

@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -49,6 +49,11 @@ impl Server {
 
     /// With extra arguments and environment variables (logs at `info`).
     pub(crate) fn launch(extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::serving(&model_path(), extra, env)
+    }
+
+    /// Serving the model file at `model`.
+    pub(crate) fn serving(model: &Path, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_fornax"))
             .args([
                 "serve",
@@ -60,7 +65,7 @@ impl Server {
                 "20",
             ])
             .arg("--model")
-            .arg(model_path())
+            .arg(model)
             .args(extra)
             .env("RUST_LOG", if env.is_empty() { "warn" } else { "info" })
             .envs(env.iter().copied())
@@ -1180,6 +1185,12 @@ fn logprobs_biases_and_penalties_through_the_openai_client() {
 fn tool_calls_through_the_openai_client() {
     let server = Server::start(&[]);
     let r = python_client("tools_client.py", &server, &[]);
+    check_tools_client(&r);
+    server.assert_healthy();
+}
+
+/// What `tests/tools_client.py` printed, checked (see its test above).
+fn check_tools_client(r: &Value) {
     eprintln!("{r:#}");
     for case in [
         "required",
@@ -1237,7 +1248,114 @@ fn tool_calls_through_the_openai_client() {
         "{}",
         r["unknown_tool"]
     );
-    server.assert_healthy();
+}
+
+/// A family checkpoint (`scripts/family-checkpoints.py`, which the test command runs)
+/// served with its family's tool-calling template through `--chat-template-file`.
+fn family_server(file: &str, template: &str) -> Server {
+    let model = fornax_engine::store::home()
+        .join("models/families")
+        .join(format!("{file}.gguf"));
+    assert!(
+        model.exists(),
+        "{}: scripts/test.sh writes it",
+        model.display()
+    );
+    let template = format!(
+        "{}/../tests/reference/templates/{template}.jinja",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let name = format!("--served-model-name={MODEL}");
+    Server::serving(&model, &["--chat-template-file", &template, &name], &[])
+}
+
+/// The family checkpoints served with their families' tool-calling templates: Llama 3's
+/// JSON call (one a turn) on the Llama 3 checkpoint with Llama 3.2's template, Qwen2.5's
+/// `<tool_call>` blocks on the Qwen2 checkpoint. Asked for a call (greedy; random
+/// weights, so with a bounded schema), each answers with `tool_calls` that validate,
+/// streamed deltas joining into the same arguments; the conversation goes on with the
+/// call and its result, which the template renders (the prompt grows by them); asking
+/// Llama 3's template for parallel calls is a 400 naming `parallel_tool_calls`.
+#[test]
+fn family_templates_call_tools_in_their_own_syntax() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12}},
+            "required": ["city"], "additionalProperties": false}}}]);
+    let question = json!({"role": "user", "content": "Weather in Paris?"});
+    let ask = |messages: Value, extra: Value| {
+        let mut body = json!({"model": MODEL, "max_tokens": 120, "temperature": 0,
+            "messages": messages, "tools": tools, "tool_choice": "required",
+            "parallel_tool_calls": false});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    for (file, template) in [
+        ("llama3-f32", "llama3.2-instruct"),
+        ("qwen2-f32", "qwen2.5-instruct"),
+    ] {
+        let server = family_server(file, template);
+        let (status, body) =
+            server.post("/v1/chat/completions", &ask(json!([question]), json!({})));
+        assert_eq!(status, 200, "{file}: {body}");
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{file}: {body}");
+        let call = &choice["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "get_weather", "{body}");
+        let arguments = call["function"]["arguments"].as_str().unwrap();
+        let args: Value = serde_json::from_str(arguments).unwrap();
+        assert!(
+            args["city"]
+                .as_str()
+                .is_some_and(|c| c.chars().count() <= 12),
+            "{file}: {args}"
+        );
+        let chunks = server
+            .stream(
+                "/v1/chat/completions",
+                &ask(json!([question]), json!({"stream": true})),
+            )
+            .rest();
+        let streamed: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+            .flatten()
+            .filter_map(|d| d["function"]["arguments"].as_str())
+            .collect();
+        assert_eq!(streamed, arguments, "{file}: greedy, streamed as whole");
+        let last = chunks
+            .iter()
+            .rev()
+            .find(|c| !c["choices"][0]["finish_reason"].is_null())
+            .unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{file}");
+        // The conversation goes on with the call and its result.
+        let follow = json!([question,
+            {"role": "assistant", "content": null, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "18 degrees, sunny"}]);
+        let (status, next) = server.post(
+            "/v1/chat/completions",
+            &ask(follow, json!({"tool_choice": "none", "max_tokens": 4})),
+        );
+        assert_eq!(status, 200, "{file}: {next}");
+        let grown = next["usage"]["prompt_tokens"].as_u64().unwrap()
+            - body["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert!(
+            grown > 10,
+            "{file}: the call and its result add {grown} tokens"
+        );
+        if template.starts_with("llama") {
+            let (status, e) = server.post(
+                "/v1/chat/completions",
+                &ask(json!([question]), json!({"parallel_tool_calls": true})),
+            );
+            assert_eq!(status, 400, "{e}");
+            assert_eq!(e["error"]["param"], "parallel_tool_calls", "{e}");
+        }
+        server.assert_healthy();
+    }
 }
 
 /// `n` = 3 on the chat route, whole and streamed (with usage), sampled: three choices

@@ -18,9 +18,7 @@ use lru::LruCache;
 use serde_json::Value;
 
 pub use tok_env::TokenEnv;
-pub use tool_calls::{
-    starts_calls, tool_call_grammar, write_calls, CallDelta, CallMode, CallReader, ToolSpec,
-};
+pub use tool_calls::{CallDelta, CallMode, CallReader, CallSyntax, ToolSpec};
 
 use crate::tokenizer::Tokenizer;
 

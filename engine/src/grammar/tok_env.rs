@@ -41,14 +41,13 @@ impl TokenizerEnv for TokenEnv {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        // Text a grammar forces is UTF-8 but may be cut mid-character: the trie's greedy
-        // split covers any bytes.
-        match std::str::from_utf8(s) {
-            Ok(text) => self
-                .tokenizer
-                .encode(text, false)
-                .unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
-            Err(_) => self.trie.greedy_tokenize(s),
-        }
+        // Text a grammar forces is UTF-8 but may be cut mid-character, and may spell a
+        // control token (`<tool_call>` in some vocabularies), which no grammar's text
+        // produces: the trie's greedy split covers those.
+        let encoded = std::str::from_utf8(s)
+            .ok()
+            .and_then(|text| self.tokenizer.encode(text, false).ok())
+            .filter(|ids| !ids.iter().any(|&id| self.tokenizer.is_control(id)));
+        encoded.unwrap_or_else(|| self.trie.greedy_tokenize(s))
     }
 }

@@ -1,8 +1,10 @@
-//! Tool calls as the model writes them under a grammar, and read back as they stream: a
-//! JSON list of calls, `[{"name": "get_weather", "arguments": {"city": "Paris"}}]`, each
-//! call's arguments valid for its tool's parameter schema. The layout is fixed by the
-//! grammar (keys in that order, one space after each separator), so the reader can stream
-//! each call's name as soon as it is complete and its arguments as they are written.
+//! Tool calls as the model writes them under a grammar, and read back as they stream, in
+//! the syntax the chat template teaches ([`CallSyntax`]): Qwen's and Hermes'
+//! `<tool_call>` blocks, Llama 3's one JSON object with `parameters`, or, for a template
+//! without one, a JSON list of calls. Each call's arguments are valid for its tool's
+//! parameter schema. The layout is fixed by the grammar (keys in that order, one space
+//! after each separator), so the reader can stream each call's name as soon as it is
+//! complete and its arguments as they are written.
 
 use serde_json::Value;
 
@@ -15,26 +17,164 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
-/// A call's text up to its name, between its name and its arguments, and after them;
-/// calls in a list are separated by [`SEPARATOR`].
-const NAME_KEY: &str = "{\"name\": ";
-const ARGUMENTS_KEY: &str = ", \"arguments\": ";
-const CALL_END: &str = "}";
-const SEPARATOR: &str = ", ";
-
-/// The text of one call up to its arguments.
-fn call_head(name: &str) -> String {
-    format!("{NAME_KEY}{}{ARGUMENTS_KEY}", quoted(name))
+/// How a model writes its calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallSyntax {
+    /// `[{"name": "f", "arguments": {...}}, ...]`: for templates that teach no syntax
+    /// (the tools are then described in a system message).
+    List,
+    /// `<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>`, one block per call
+    /// on its own line: Qwen2.5, Qwen3 and Hermes templates.
+    Tagged,
+    /// `{"name": "f", "parameters": {...}}`, one call a turn: Llama 3.1-3.3's JSON tool
+    /// calling.
+    Llama3,
 }
 
-/// Calls (name and arguments as JSON text) written as the grammar has the model write
-/// them: for earlier turns of a conversation.
-pub fn write_calls(calls: &[(String, String)]) -> String {
-    let calls: Vec<String> = calls
-        .iter()
-        .map(|(name, arguments)| format!("{}{arguments}{CALL_END}", call_head(name)))
-        .collect();
-    format!("[{}]", calls.join(SEPARATOR))
+/// The literal pieces of a syntax: before the calls, before a call's name, between its
+/// name and its arguments, after its arguments, between calls, after the calls.
+struct Layout {
+    open: &'static str,
+    head: &'static str,
+    key: &'static str,
+    end: &'static str,
+    separator: &'static str,
+    close: &'static str,
+}
+
+impl CallSyntax {
+    /// The syntax `template` (a chat template's source) teaches.
+    pub fn of_template(template: &str) -> Self {
+        if template.contains("<tool_call>") {
+            CallSyntax::Tagged
+        } else if template.contains("\"parameters\": ") && template.contains("tools") {
+            CallSyntax::Llama3
+        } else {
+            CallSyntax::List
+        }
+    }
+
+    /// Whether a turn may hold several calls.
+    pub fn allows_several(self) -> bool {
+        self != CallSyntax::Llama3
+    }
+
+    fn layout(self) -> Layout {
+        match self {
+            CallSyntax::List => Layout {
+                open: "[",
+                head: "{\"name\": ",
+                key: ", \"arguments\": ",
+                end: "}",
+                separator: ", ",
+                close: "]",
+            },
+            CallSyntax::Tagged => Layout {
+                open: "",
+                head: "<tool_call>\n{\"name\": ",
+                key: ", \"arguments\": ",
+                end: "}\n</tool_call>",
+                separator: "\n",
+                close: "",
+            },
+            CallSyntax::Llama3 => Layout {
+                open: "",
+                head: "{\"name\": ",
+                key: ", \"parameters\": ",
+                end: "}",
+                separator: "",
+                close: "",
+            },
+        }
+    }
+
+    /// What an output of calls starts with.
+    fn opener(self) -> &'static str {
+        let layout = self.layout();
+        match layout.open {
+            "" => layout.head.split('\n').next().unwrap_or(layout.head),
+            open => open,
+        }
+    }
+
+    /// Calls (name and arguments as JSON text) written as the grammar has the model
+    /// write them: for earlier turns of a conversation.
+    pub fn write(self, calls: &[(String, String)]) -> String {
+        let l = self.layout();
+        let calls: Vec<String> = calls
+            .iter()
+            .map(|(name, arguments)| {
+                format!("{}{}{}{arguments}{}", l.head, quoted(name), l.key, l.end)
+            })
+            .collect();
+        format!("{}{}{}", l.open, calls.join(l.separator), l.close)
+    }
+
+    /// The grammar of calls to `tools` (one, or several where the syntax allows), or,
+    /// with `text_allowed`, of either such calls or text that does not start as they do.
+    pub fn grammar(self, tools: &[ToolSpec], mode: CallMode, text_allowed: bool) -> Grammar {
+        let l = self.layout();
+        let several = mode == CallMode::Several && self.allows_several();
+        let mut calls = String::from("calls:");
+        if !l.open.is_empty() {
+            calls.push_str(&format!(" {}", quoted(l.open)));
+        }
+        calls.push_str(" call");
+        if several {
+            calls.push_str(&format!(" ({} call)*", quoted(l.separator)));
+        }
+        if !l.close.is_empty() {
+            calls.push_str(&format!(" {}", quoted(l.close)));
+        }
+        let mut lark = String::new();
+        lark.push_str(match text_allowed {
+            true => "start: calls | text\n",
+            false => "start: calls\n",
+        });
+        if text_allowed {
+            let first = self
+                .opener()
+                .chars()
+                .next()
+                .expect("a syntax opens with text");
+            let class = regex_syntax_escape(first);
+            lark.push_str(&format!("text: /[^{class}][\\s\\S]*/\n"));
+        }
+        lark.push_str(&calls);
+        lark.push('\n');
+        let names: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
+        lark.push_str(&format!("call: {}\n", names.join(" | ")));
+        // Lark's string literals take JSON's escapes.
+        for (i, tool) in tools.iter().enumerate() {
+            let head = format!("{}{}{}", l.head, quoted(&tool.name), l.key);
+            lark.push_str(&format!(
+                "call_{i}: {} args_{i} {}\nargs_{i}: %json {}\n",
+                quoted(&head),
+                quoted(l.end),
+                compact(&tool.parameters)
+            ));
+        }
+        Grammar::Lark(lark)
+    }
+
+    /// Whether an output starting with `text` (leading whitespace aside) is calls;
+    /// `None` while it cannot tell.
+    pub fn starts_calls(self, text: &str) -> Option<bool> {
+        let text = text.trim_start();
+        let opener = self.opener();
+        if text.is_empty() || (text.len() < opener.len() && opener.starts_with(text)) {
+            return None;
+        }
+        Some(text.starts_with(opener))
+    }
+}
+
+/// `c` for a regex character class.
+fn regex_syntax_escape(c: char) -> String {
+    match c {
+        '[' | ']' | '\\' | '^' | '-' | '{' | '}' => format!("\\{c}"),
+        c => c.to_string(),
+    }
 }
 
 /// What the output may be.
@@ -42,45 +182,13 @@ pub fn write_calls(calls: &[(String, String)]) -> String {
 pub enum CallMode {
     /// Exactly one call.
     One,
-    /// One call or more.
+    /// One call or more (one where the syntax allows no more).
     Several,
-}
-
-/// The grammar of a list of calls to `tools` (one or several), or, with `text_allowed`,
-/// of either such a list or text that does not start with `[`.
-pub fn tool_call_grammar(tools: &[ToolSpec], mode: CallMode, text_allowed: bool) -> Grammar {
-    let mut lark = String::new();
-    let list = match mode {
-        CallMode::One => "calls: \"[\" call \"]\"\n".to_string(),
-        CallMode::Several => format!("calls: \"[\" call ({} call)* \"]\"\n", quoted(SEPARATOR)),
-    };
-    lark.push_str(match text_allowed {
-        true => "start: calls | text\ntext: /[^\\[][\\s\\S]*/\n",
-        false => "start: calls\n",
-    });
-    lark.push_str(&list);
-    let names: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
-    lark.push_str(&format!("call: {}\n", names.join(" | ")));
-    // Lark's string literals take JSON's escapes.
-    for (i, tool) in tools.iter().enumerate() {
-        lark.push_str(&format!(
-            "call_{i}: {} args_{i} {}\nargs_{i}: %json {}\n",
-            quoted(&call_head(&tool.name)),
-            quoted(CALL_END),
-            compact(&tool.parameters)
-        ));
-    }
-    Grammar::Lark(lark)
 }
 
 /// `s` as a JSON string.
 fn quoted(s: &str) -> String {
     Value::String(s.to_string()).to_string()
-}
-
-/// Whether an output starting with `text` (leading whitespace aside) is a list of calls.
-pub fn starts_calls(text: &str) -> Option<bool> {
-    text.trim_start().chars().next().map(|c| c == '[')
 }
 
 /// A step of the calls read so far.
@@ -93,26 +201,31 @@ pub enum CallDelta {
     Arguments { index: usize, text: String },
 }
 
-/// Where the reader is in the list.
+/// Where the reader is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum At {
-    /// Before the list, or after a call (a separator, the end or a new call next).
-    Between,
+    /// Before the calls.
+    Start,
+    /// Before a call.
+    Head,
     /// In a call's arguments, `depth` brackets deep.
     Arguments {
         depth: usize,
         in_string: bool,
         escaped: bool,
     },
-    /// After a call's arguments, before its closing brace.
+    /// After a call's arguments, before its end.
     CallEnd,
-    /// After the list.
+    /// After a call: a separator, the close or the end of the output next.
+    After,
+    /// After the calls' close.
     Done,
 }
 
-/// Reads a list of calls as its text streams in.
+/// Reads calls as their text streams in.
 #[derive(Debug, Clone)]
 pub struct CallReader {
+    syntax: CallSyntax,
     text: String,
     /// Bytes of `text` read.
     read: usize,
@@ -121,65 +234,64 @@ pub struct CallReader {
     calls: Vec<(String, String)>,
 }
 
-impl Default for CallReader {
-    fn default() -> Self {
+impl CallReader {
+    /// A reader of calls written in `syntax`.
+    pub fn new(syntax: CallSyntax) -> Self {
         Self {
+            syntax,
             text: String::new(),
             read: 0,
-            at: At::Between,
+            at: At::Start,
             calls: Vec::new(),
         }
     }
-}
 
-impl CallReader {
     /// Reads `piece`; returns the calls' steps it completes.
     pub fn push(&mut self, piece: &str) -> Result<Vec<CallDelta>, String> {
         self.text.push_str(piece);
+        let l = self.syntax.layout();
         let mut out = Vec::new();
         loop {
             let rest = &self.text[self.read..];
             match self.at {
-                At::Between => {
+                At::Start => {
                     let skip = rest.len() - rest.trim_start().len();
                     self.read += skip;
                     let rest = &self.text[self.read..];
-                    if rest.starts_with("[") || rest.starts_with(",") {
-                        self.read += 1;
-                        continue;
-                    }
-                    if rest.starts_with("]") {
-                        self.read += 1;
-                        self.at = At::Done;
-                        continue;
-                    }
-                    let head = NAME_KEY;
-                    if rest.len() < head.len() {
-                        if !head.starts_with(rest) {
-                            return Err(format!("expected a call at {rest:?}"));
+                    match expect(rest, l.open) {
+                        Expect::Found => {
+                            self.read += l.open.len();
+                            self.at = At::Head;
                         }
-                        return Ok(out);
+                        Expect::Wait => return Ok(out),
+                        Expect::Other => return Err(format!("expected calls at {rest:?}")),
                     }
-                    if !rest.starts_with(head) {
-                        return Err(format!("expected a call at {rest:?}"));
+                }
+                At::Head => {
+                    let skip = rest.len() - rest.trim_start().len();
+                    self.read += skip;
+                    let rest = &self.text[self.read..];
+                    match expect(rest, l.head) {
+                        Expect::Found => {}
+                        Expect::Wait => return Ok(out),
+                        Expect::Other => return Err(format!("expected a call at {rest:?}")),
                     }
                     // The name: a JSON string, then the arguments' key.
-                    let after = &rest[head.len()..];
+                    let after = &rest[l.head.len()..];
                     let mut de = serde_json::Deserializer::from_str(after).into_iter::<String>();
                     let name = match de.next() {
                         Some(Ok(name)) => name,
                         _ => return Ok(out), // not complete yet
                     };
-                    let used = head.len() + de.byte_offset();
-                    let key = ARGUMENTS_KEY;
-                    let tail = &rest[used..];
-                    if tail.len() < key.len() {
-                        return Ok(out);
+                    let used = l.head.len() + de.byte_offset();
+                    match expect(&rest[used..], l.key) {
+                        Expect::Found => {}
+                        Expect::Wait => return Ok(out),
+                        Expect::Other => {
+                            return Err(format!("expected the arguments at {:?}", &rest[used..]))
+                        }
                     }
-                    if !tail.starts_with(key) {
-                        return Err(format!("expected the arguments at {tail:?}"));
-                    }
-                    self.read += used + key.len();
+                    self.read += used + l.key.len();
                     out.push(CallDelta::Start {
                         index: self.calls.len(),
                         name: name.clone(),
@@ -234,15 +346,33 @@ impl CallReader {
                         }
                     }
                 }
-                At::CallEnd => {
-                    if rest.is_empty() {
+                At::CallEnd => match expect(rest, l.end) {
+                    Expect::Found => {
+                        self.read += l.end.len();
+                        self.at = At::After;
+                    }
+                    Expect::Wait => return Ok(out),
+                    Expect::Other => return Err(format!("expected the end of a call at {rest:?}")),
+                },
+                At::After => {
+                    if !l.close.is_empty() && rest.starts_with(l.close) {
+                        self.read += l.close.len();
+                        self.at = At::Done;
+                        continue;
+                    }
+                    if !l.separator.is_empty() && rest.starts_with(l.separator) {
+                        self.read += l.separator.len();
+                        self.at = At::Head;
+                        continue;
+                    }
+                    let waits = |p: &str| !p.is_empty() && p.starts_with(rest);
+                    if rest.is_empty() || waits(l.close) || waits(l.separator) {
                         return Ok(out);
                     }
-                    if !rest.starts_with(CALL_END) {
-                        return Err(format!("expected the end of a call at {rest:?}"));
+                    if l.close.is_empty() && rest.trim().is_empty() {
+                        return Ok(out);
                     }
-                    self.read += CALL_END.len();
-                    self.at = At::Between;
+                    return Err(format!("text after the calls: {rest:?}"));
                 }
                 At::Done => {
                     if !rest.trim().is_empty() {
@@ -254,15 +384,38 @@ impl CallReader {
         }
     }
 
-    /// The calls read (name and arguments), once the list is complete.
+    /// The calls read (name and arguments), once they are complete.
     pub fn finish(self) -> Result<Vec<(String, String)>, String> {
-        match self.at {
-            At::Done => Ok(self.calls),
-            _ => Err(format!(
-                "the list of calls is not complete: {:?}",
-                self.text
-            )),
+        let l = self.syntax.layout();
+        let rest = self.text[self.read..].trim();
+        let complete = match self.at {
+            At::Done => true,
+            // Without a close the calls end with the output; a separator may trail.
+            At::After | At::Head => l.close.is_empty() && rest.is_empty() && !self.calls.is_empty(),
+            _ => false,
+        };
+        match complete {
+            true => Ok(self.calls),
+            false => Err(format!("the calls are not complete: {:?}", self.text)),
         }
+    }
+}
+
+/// Whether text starts with an expected literal.
+enum Expect {
+    Found,
+    /// Too short to tell.
+    Wait,
+    Other,
+}
+
+fn expect(rest: &str, literal: &str) -> Expect {
+    if rest.starts_with(literal) {
+        Expect::Found
+    } else if literal.starts_with(rest) {
+        Expect::Wait
+    } else {
+        Expect::Other
     }
 }
 
@@ -272,57 +425,110 @@ mod tests {
 
     use super::*;
 
-    /// Every way of cutting a list of two calls into pieces (strings holding brackets,
-    /// braces, escaped quotes and multi-byte characters) reads back the same names and
-    /// arguments, and the pieces of each call's arguments join into valid JSON.
-    #[test]
-    fn calls_read_back_whole_however_the_text_is_cut() {
-        let text = r#"[{"name": "get_weather", "arguments": {"city": "Par}is \"[x]\" é", "days": [1, {"a": 2}]}}, {"name": "now", "arguments": {}}]"#;
-        let want = vec![
-            (
-                "get_weather".to_string(),
-                r#"{"city": "Par}is \"[x]\" é", "days": [1, {"a": 2}]}"#.to_string(),
-            ),
-            ("now".to_string(), "{}".to_string()),
-        ];
+    const SYNTAXES: [CallSyntax; 3] = [CallSyntax::List, CallSyntax::Tagged, CallSyntax::Llama3];
+
+    /// The names started, the arguments' joined pieces, and the calls finished.
+    type Read = (
+        Vec<(usize, String)>,
+        Vec<String>,
+        Result<Vec<(String, String)>, String>,
+    );
+
+    /// Reads `text` cut into pieces of `step` characters: the names started, each call's
+    /// joined argument pieces, and the finished calls.
+    fn read_in_pieces(syntax: CallSyntax, text: &str, step: usize) -> Read {
         let cuts: Vec<usize> = (0..=text.len())
             .filter(|&i| text.is_char_boundary(i))
             .collect();
-        for step in [1, 2, 3, 7, text.len()] {
-            let mut reader = CallReader::default();
-            let mut args = vec![String::new(); 2];
-            let mut names = Vec::new();
-            let mut from = 0;
-            for &to in cuts.iter().skip(step).step_by(step).chain([&text.len()]) {
-                if to <= from {
-                    continue;
-                }
-                for d in reader.push(&text[from..to]).unwrap() {
-                    match d {
-                        CallDelta::Start { index, name } => names.push((index, name)),
-                        CallDelta::Arguments { index, text } => args[index].push_str(&text),
+        let mut reader = CallReader::new(syntax);
+        let (mut names, mut args) = (Vec::new(), Vec::<String>::new());
+        let mut from = 0;
+        for &to in cuts.iter().skip(step).step_by(step).chain([&text.len()]) {
+            if to <= from {
+                continue;
+            }
+            for d in reader.push(&text[from..to]).unwrap() {
+                match d {
+                    CallDelta::Start { index, name } => {
+                        names.push((index, name));
+                        args.push(String::new());
                     }
+                    CallDelta::Arguments { index, text } => args[index].push_str(&text),
                 }
-                from = to;
             }
-            assert_eq!(names, [(0, "get_weather".into()), (1, "now".into())]);
-            for a in &args {
-                serde_json::from_str::<Value>(a).unwrap();
+            from = to;
+        }
+        (names, args, reader.finish())
+    }
+
+    /// In every syntax, every way of cutting calls into pieces (strings holding brackets,
+    /// braces, escaped quotes, the syntax's own tags and multi-byte characters) reads
+    /// back the calls written, and the pieces of each call's arguments join into JSON.
+    #[test]
+    fn calls_read_back_whole_however_the_text_is_cut() {
+        let two = vec![
+            (
+                "get_weather".to_string(),
+                r#"{"city": "Par}is \"[x]\" </tool_call> é", "days": [1, {"a": 2}]}"#.to_string(),
+            ),
+            ("now".to_string(), "{}".to_string()),
+        ];
+        for syntax in SYNTAXES {
+            let calls = match syntax.allows_several() {
+                true => &two[..],
+                false => &two[..1],
+            };
+            let text = syntax.write(calls);
+            for step in [1, 2, 3, 7, text.len()] {
+                let (names, args, finished) = read_in_pieces(syntax, &text, step);
+                let want_names: Vec<(usize, String)> = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (i, c.0.clone()))
+                    .collect();
+                assert_eq!(names, want_names, "{syntax:?} in pieces of {step}");
+                for a in &args {
+                    serde_json::from_str::<Value>(a).unwrap();
+                }
+                assert_eq!(finished.unwrap(), calls, "{syntax:?} in pieces of {step}");
             }
-            assert_eq!(reader.finish().unwrap(), want, "pieces of {step}");
+            // Output may end with whitespace.
+            let (_, _, spaced) = read_in_pieces(syntax, &format!("{text}\n"), 1);
+            assert_eq!(spaced.unwrap(), calls, "{syntax:?}");
+            // Cut short, it is not complete.
+            let (_, _, cut) = read_in_pieces(syntax, &text[..text.len() - 2], 1);
+            assert!(cut.is_err(), "{syntax:?}: an unfinished call is an error");
+            assert!(CallReader::new(syntax).push("Hello").is_err());
+            assert_eq!(syntax.starts_calls(&format!("  {text}")), Some(true));
+            assert_eq!(syntax.starts_calls("Hi"), Some(false));
+            assert_eq!(syntax.starts_calls(" "), None);
+            let opener = syntax.opener();
+            assert_eq!(
+                syntax.starts_calls(&opener[..1]),
+                (opener.len() == 1).then_some(true)
+            );
         }
         assert_eq!(
-            write_calls(&want),
-            text,
-            "written as the grammar writes them"
+            CallSyntax::List.write(&two),
+            r#"[{"name": "get_weather", "arguments": {"city": "Par}is \"[x]\" </tool_call> é", "days": [1, {"a": 2}]}}, {"name": "now", "arguments": {}}]"#
         );
-        let mut cut = CallReader::default();
-        cut.push(r#"[{"name": "f", "arguments": {"a"#).unwrap();
-        assert!(cut.finish().is_err(), "an unfinished list is an error");
-        assert!(CallReader::default().push("Hello").is_err());
-        assert_eq!(starts_calls("  [{"), Some(true));
-        assert_eq!(starts_calls("Hi"), Some(false));
-        assert_eq!(starts_calls(" "), None);
+        assert_eq!(
+            CallSyntax::Tagged.write(&two[1..]),
+            "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"
+        );
+        assert_eq!(
+            CallSyntax::Llama3.write(&two[1..]),
+            r#"{"name": "now", "parameters": {}}"#
+        );
+    }
+
+    #[test]
+    fn each_template_gets_the_syntax_it_teaches() {
+        let qwen = "{{- tool | tojson }} ... within <tool_call></tool_call> XML tags";
+        let llama = "{%- if tools is not none %} {{- '\"parameters\": ' }}";
+        assert_eq!(CallSyntax::of_template(qwen), CallSyntax::Tagged);
+        assert_eq!(CallSyntax::of_template(llama), CallSyntax::Llama3);
+        assert_eq!(CallSyntax::of_template("{{ messages }}"), CallSyntax::List);
     }
 
     #[test]
@@ -331,15 +537,24 @@ mod tests {
             name: "get_weather".into(),
             parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
         }];
-        let Grammar::Lark(one) = tool_call_grammar(&tools, CallMode::One, false) else {
-            panic!("a Lark grammar")
+        let lark = |syntax: CallSyntax, mode, text| match syntax.grammar(&tools, mode, text) {
+            Grammar::Lark(src) => src,
+            other => panic!("a Lark grammar, not {other:?}"),
         };
+        let one = lark(CallSyntax::List, CallMode::One, false);
         assert!(one.contains(r#"call_0: "{\"name\": \"get_weather\", \"arguments\": " args_0"#));
         assert!(one.contains("args_0: %json {"));
-        assert!(!one.contains("text"));
-        let Grammar::Lark(auto) = tool_call_grammar(&tools, CallMode::Several, true) else {
-            panic!("a Lark grammar")
-        };
+        assert!(!one.contains("text") && !one.contains(")*"));
+        let auto = lark(CallSyntax::List, CallMode::Several, true);
         assert!(auto.contains("start: calls | text") && auto.contains("(\", \" call)*"));
+        assert!(auto.contains(r"text: /[^\[][\s\S]*/"));
+        let tagged = lark(CallSyntax::Tagged, CallMode::Several, true);
+        assert!(tagged.contains(r#"call_0: "<tool_call>\n{\"name\": \"get_weather\""#));
+        assert!(tagged.contains(r#"calls: call ("\n" call)*"#), "{tagged}");
+        assert!(tagged.contains("text: /[^<]"));
+        let llama = lark(CallSyntax::Llama3, CallMode::Several, true);
+        assert!(llama.contains("calls: call\n"), "one call a turn: {llama}");
+        assert!(llama.contains(r#"\"parameters\": " args_0"#));
+        assert!(llama.contains(r"text: /[^\{]"));
     }
 }

@@ -1,17 +1,27 @@
-//! Chat templates from `tokenizer.chat_template`, rendered with minijinja; a built-in
-//! one (Gemma's turns, ChatML) for a file without a template whose vocabulary has that
-//! format's turn tokens.
+//! Chat templates from `tokenizer.chat_template`, rendered with minijinja as
+//! transformers renders them (Python's string methods, its `tojson`, `strftime_now`); a
+//! built-in one (Gemma's turns, ChatML) for a file without a template whose vocabulary
+//! has that format's turn tokens.
 
-use minijinja::{context, Environment, Error, ErrorKind};
+use minijinja::value::Kwargs;
+use minijinja::{context, Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
+use serde_json::Map;
 
-/// One chat message.
+/// One chat message, as templates read it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user` or `assistant`.
+    /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
     /// The message text.
     pub content: String,
+    /// The calls an assistant turn made, as templates read them:
+    /// `{"id", "type": "function", "function": {"name", "arguments": {...}}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// The call a `tool` turn answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -20,8 +30,21 @@ impl ChatMessage {
         Self {
             role: role.to_string(),
             content: content.to_string(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
+}
+
+/// What a template reads besides the messages.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TemplateInputs<'a> {
+    /// The tools the model may call, as the template's `tools` (OpenAI's list of
+    /// `{"type": "function", "function": {...}}`).
+    pub tools: Option<&'a serde_json::Value>,
+    /// More variables (a request's `chat_template_kwargs`: `enable_thinking`,
+    /// `date_string`, ...); they do not replace the ones above.
+    pub kwargs: Option<&'a Map<String, serde_json::Value>>,
 }
 
 /// Built-in formats: name, the turn tokens the vocabulary must have, the template.
@@ -85,7 +108,12 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, Error> {
-        self.render_with(messages, add_generation_prompt, None)
+        self.render_with(messages, add_generation_prompt, TemplateInputs::default())
+    }
+
+    /// The template's text.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Whether the template reads a `tools` variable (describes tools to the model).
@@ -93,27 +121,93 @@ impl ChatTemplate {
         self.source.contains("tools")
     }
 
-    /// [`Self::render`] with the tools the model may call as the template's `tools`.
+    /// [`Self::render`] with the tools and other variables of `inputs`.
     pub fn render_with(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-        tools: Option<&serde_json::Value>,
+        inputs: TemplateInputs<'_>,
     ) -> Result<String, Error> {
         let mut env = Environment::new();
+        // As transformers renders templates: a block tag's line ends with it.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
+        env.add_filter("tojson", tojson);
+        #[cfg(not(target_family = "wasm"))]
+        env.add_function("strftime_now", |format: String| {
+            chrono::Local::now().format(&format).to_string()
+        });
+        let kwargs = Value::from_serialize(inputs.kwargs);
         env.render_str(
             &self.source,
             context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,
-                tools => tools,
+                tools => inputs.tools,
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
+                ..kwargs
             },
         )
+    }
+}
+
+/// Python's `json.dumps` as transformers' templates call it: keys in their order,
+/// non-ASCII as is, `", "` and `": "` between items (`","` and `": "` with `indent`).
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    kwargs.assert_all_used()?;
+    let bad = |e: serde_json::Error| Error::new(ErrorKind::InvalidOperation, e.to_string());
+    let mut out = Vec::new();
+    match indent {
+        Some(n) => {
+            let spaces = vec![b' '; n];
+            let formatter = serde_json::ser::PrettyFormatter::with_indent(&spaces);
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, formatter);
+            value.serialize(&mut ser).map_err(bad)?;
+        }
+        None => {
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonCompact);
+            value.serialize(&mut ser).map_err(bad)?;
+        }
+    }
+    let text = String::from_utf8(out).expect("serde_json writes UTF-8");
+    Ok(Value::from_safe_string(text))
+}
+
+/// Python `json.dumps`'s default separators, `", "` and `": "`.
+struct PythonCompact;
+
+impl serde_json::ser::Formatter for PythonCompact {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.begin_array_value(writer, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
     }
 }
 

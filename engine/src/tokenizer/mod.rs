@@ -21,7 +21,7 @@ use tokenizers::SplitDelimiterBehavior;
 
 use crate::gguf::{GgufError, GgufFile};
 pub use byte_level::{byte_to_char, ByteDecoder};
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, TemplateInputs};
 use spm::{types, Spm};
 pub use stream::TextStream;
 
@@ -298,20 +298,34 @@ impl Tokenizer {
             .ok_or(TokenizerError::NoChatTemplate)
     }
 
+    /// Replaces the file's chat template with `source` (a file's template that is missing
+    /// or wrong, or a family's newer one); BOS and EOS keep the vocabulary's strings.
+    pub fn set_chat_template(&mut self, source: String) {
+        let name = |id: Option<u32>| {
+            id.and_then(|i| self.token_bytes(i).ok())
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default()
+        };
+        self.chat_template = Some(ChatTemplate::new(
+            source,
+            name(self.bos_id),
+            name(self.eos_id),
+        ));
+    }
+
     /// Renders a conversation with the chat template and encodes it (special tokens
     /// parsed), BOS first where the file asks for one and the template did not write it.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, TokenizerError> {
-        self.encode_chat_with_tools(messages, None)
+        self.encode_chat_with(messages, TemplateInputs::default())
     }
 
-    /// [`Self::encode_chat`] with the tools the model may call, given to the template as
-    /// `tools` (OpenAI's list of `{"type": "function", "function": {...}}`).
-    pub fn encode_chat_with_tools(
+    /// [`Self::encode_chat`] with the tools and other variables of `inputs`.
+    pub fn encode_chat_with(
         &self,
         messages: &[ChatMessage],
-        tools: Option<&serde_json::Value>,
+        inputs: TemplateInputs<'_>,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let text = self.chat_template()?.render_with(messages, true, tools)?;
+        let text = self.chat_template()?.render_with(messages, true, inputs)?;
         self.encode_prompt(&text, true)
     }
 

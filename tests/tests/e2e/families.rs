@@ -90,7 +90,7 @@ fn llama_cpp(file: &str) -> Reference {
 }
 
 /// The checkpoint `file` (`llama3-f32`, ...), which the test command writes.
-fn checkpoint(file: &str) -> ModelFile {
+pub(crate) fn checkpoint(file: &str) -> ModelFile {
     let path = folder().join(format!("{file}.gguf"));
     assert!(
         path.exists(),

@@ -26,5 +26,6 @@ mod reference_wgpu;
 mod sampling_requests;
 mod speculative;
 mod structured;
+mod templates;
 mod tiny_model;
 mod tokenizer;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use fornax_backends::{BackendKind, BackendTask, DeviceInfo};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::grammar::{
-    tool_call_grammar, CallMode, CallReader, Grammar, GrammarCompiler, ToolSpec,
+    CallMode, CallReader, CallSyntax, Grammar, GrammarCompiler, ToolSpec,
 };
 use fornax_engine::kv::{KvCapacity, TierPolicy};
 use fornax_engine::model::Model;
@@ -341,7 +341,7 @@ fn forced_tokens_take_fewer_steps_and_keep_tool_calls_valid() {
             parameters: clock.clone(),
         },
     ];
-    let grammar = tool_call_grammar(&tools, CallMode::Several, false);
+    let grammar = CallSyntax::List.grammar(&tools, CallMode::Several, false);
     let prompts = [
         "What is the weather in Paris?",
         "What time is it in Tokyo?",
@@ -365,7 +365,7 @@ fn forced_tokens_take_fewer_steps_and_keep_tool_calls_valid() {
     let mut cases = Vec::new();
     for (text, reason) in sampled.iter().chain(&forced) {
         assert_eq!(*reason, FinishReason::Stop, "{text}");
-        let mut reader = CallReader::default();
+        let mut reader = CallReader::new(CallSyntax::List);
         reader.push(text).unwrap();
         for (name, args) in reader.finish().unwrap() {
             let schema = if name == "get_weather" {
