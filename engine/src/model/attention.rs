@@ -19,8 +19,8 @@ pub struct Attention<B: Backend> {
     pub head_dim: usize,
     /// RMSNorm over each query head, then each key head, before RoPE (Gemma 3, Qwen3).
     pub head_norms: Option<(RmsNorm<B>, RmsNorm<B>)>,
-    /// Biases added to Q, K and V (Qwen2).
-    pub bias: Option<[Tensor<B, 1>; 3]>,
+    /// The biases of Q, K and V (Qwen2), end to end as the joined product's columns.
+    pub bias: Option<Tensor<B, 1>>,
     /// Keys a query sees, itself included (`None`: every earlier key).
     pub window: Option<usize>,
 }
@@ -103,9 +103,12 @@ impl<B: EngineBackend> Attention<B> {
             .try_into()
             .unwrap_or_else(|_| unreachable!("Q, K and V"));
         let [q, k, v] = match &self.bias {
-            Some([bq, bk, bv]) => {
-                let add = |t: Tensor<B, 2>, b: &Tensor<B, 1>| t + b.clone().unsqueeze_dim(0);
-                [add(q, bq), add(k, bk), add(v, bv)]
+            Some(bias) => {
+                let (qw, kw) = (q.dims()[1], k.dims()[1]);
+                let add = |t: Tensor<B, 2>, from: usize, width: usize| {
+                    t + bias.clone().slice(from..from + width).unsqueeze_dim(0)
+                };
+                [add(q, 0, qw), add(k, qw, kw), add(v, qw + kw, kw)]
             }
             None => [q, k, v],
         };

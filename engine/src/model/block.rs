@@ -72,6 +72,7 @@ impl<B: EngineBackend> Block<B> {
         let batch = batch.for_layer(kv.is_sliding(layer));
         let shape = self.attn.paged_shape(batch);
         let to = QkvTarget {
+            bias: self.attn.bias.as_ref(),
             head_norms: self.attn.head_norms.as_ref(),
             rope,
             store: kv.store_mut(layer),
@@ -102,12 +103,8 @@ impl<B: EngineBackend> Block<B> {
         }
     }
 
-    /// The matrices as the fused kernels take them, if they are joined and quantized and
-    /// the block has no Q/K/V biases (which the fused kernels do not add yet).
+    /// The matrices as the fused kernels take them, if they are joined and quantized.
     fn fused_weights(&self) -> Option<FusedWeights<'_, B>> {
-        if self.attn.bias.is_some() {
-            return None;
-        }
         let (qkv, Rows::Stacked) = self.attn.qkv.joined()? else {
             return None;
         };

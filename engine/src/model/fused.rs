@@ -24,6 +24,8 @@ use crate::quant::{by_dequantized_rows, quant_tensors, QuantMatrix, QuantOps};
 /// them, RoPE from `rope`, K and V into `store`'s FP32 arenas of `layer` at the rows
 /// `batch` reserved.
 pub struct QkvTarget<'a, B: Backend> {
+    /// Q, K and V's biases, end to end (Qwen2).
+    pub bias: Option<&'a Tensor<B, 1>>,
     pub head_norms: Option<&'a (RmsNorm<B>, RmsNorm<B>)>,
     pub rope: &'a Rope<B>,
     pub store: &'a mut KvStore<B>,
@@ -45,7 +47,8 @@ pub trait FusedOps: QuantOps + LayerOps {
     }
 
     /// Q with RoPE from `x @ [Wq | Wk | Wv]^T` (`w` stacked); K with RoPE and V written
-    /// into the KV arenas; the head norms before RoPE where `to` has them.
+    /// into the KV arenas; the biases, then the head norms, before RoPE where `to` has
+    /// them.
     fn qkv_rope_kv(
         x: Tensor<Self, 2>,
         w: &QuantMatrix<Self>,
@@ -54,10 +57,14 @@ pub trait FusedOps: QuantOps + LayerOps {
         let q_width = to.shape.n_heads * to.shape.head_dim;
         let kv_width = to.shape.n_kv_heads * to.shape.head_dim;
         let widths = [q_width, kv_width, kv_width];
-        let [q, k, v]: [Tensor<Self, 2>; 3] =
-            split(Self::quant_matmul(x, w), &widths, Rows::Stacked)
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("Q, K and V"));
+        let qkv = Self::quant_matmul(x, w);
+        let qkv = match to.bias {
+            Some(bias) => qkv + bias.clone().unsqueeze_dim(0),
+            None => qkv,
+        };
+        let [q, k, v]: [Tensor<Self, 2>; 3] = split(qkv, &widths, Rows::Stacked)
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("Q, K and V"));
         let (q, k) = match to.head_norms {
             Some((qn, kn)) => (
                 per_head(qn, q, to.shape.n_heads),
@@ -191,14 +198,19 @@ where
             head_dim: to.shape.head_dim,
         };
         let neox = to.rope.style() == RopeStyle::Neox;
-        if to.head_norms.is_none() && !neox {
+        if to.head_norms.is_none() && !neox && to.bias.is_none() {
             return product_then(x, w, Epilogue::RopeKv(target));
         }
         let work = HeadWork {
             norms: to.head_norms.map(|(q, k)| (norm(q), norm(k))),
             neox,
         };
-        let qkv = float(product_then(x, w, Epilogue::Store));
+        let qkv = product_then(x, w, Epilogue::Store);
+        // The biases are one more dispatch: the head kernel does not add them yet.
+        let qkv = float(match to.bias {
+            Some(bias) => qkv + bias.clone().unsqueeze_dim(0),
+            None => qkv,
+        });
         let q = layer_launch::qkv_heads(qkv, target, work);
         Tensor::from_primitive(TensorPrimitive::Float(q))
     }

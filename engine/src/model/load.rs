@@ -308,11 +308,12 @@ impl<B: QuantOps + FusedOps> Model<B> {
                 true => {
                     let kv = c.n_kv_heads * hd;
                     let mut b = |s: &str, len| l.vector(&format!("blk.{i}.{s}.bias"), len);
-                    Some([
+                    let parts = vec![
                         b("attn_q", c.q_width())?,
                         b("attn_k", kv)?,
                         b("attn_v", kv)?,
-                    ])
+                    ];
+                    Some(Tensor::cat(parts, 0))
                 }
                 false => None,
             };

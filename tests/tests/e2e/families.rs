@@ -85,6 +85,12 @@ fn transformers(family: &str) -> HfFamily {
     all.families.remove(family).expect("the family's reference")
 }
 
+/// The reference prompts of `family` and their ids.
+pub(crate) fn prompt_ids(family: &str) -> Vec<(String, Vec<u32>)> {
+    let prompts = transformers(family).prompts;
+    prompts.into_iter().map(|p| (p.prompt, p.ids)).collect()
+}
+
 fn llama_cpp(file: &str) -> Reference {
     read_reference(&format!("families/llama_cpp_{file}.json"))
 }

@@ -8,6 +8,7 @@
 
 use burn_tensor::{Distribution, Int, Tensor, TensorData, TensorPrimitive};
 use fornax_backends::{wgpu_device, BackendKind, BackendTask, DeviceInfo, WgpuBackend};
+use fornax_engine::device_counts::counted;
 use fornax_engine::gguf::{GgmlType, GgufFile};
 use fornax_engine::kv::{KvCapacity, TierPolicy, BLOCK_TOKENS};
 use fornax_engine::model::{LoadOptions, Logits, Model, Rope, RopeStyle};
@@ -206,7 +207,8 @@ fn rope_kv_epilogue_matches_separate_operations() {
 }
 
 /// A real model through the fused kernels and operation by operation, fed the same
-/// tokens: every logit of the prefill and of `steps` greedy steps per prompt.
+/// tokens: every logit of the prefill and of `steps` greedy steps per prompt, and the
+/// kernels each path launched for its first decode step.
 struct FusedAgainstReference {
     file: fn() -> &'static ModelFile,
     prompts: Vec<(String, Vec<u32>)>,
@@ -214,7 +216,7 @@ struct FusedAgainstReference {
 }
 
 impl BackendTask for FusedAgainstReference {
-    type Output = Vec<(String, f32, Vec<u32>, Vec<u32>)>;
+    type Output = Vec<(String, f32, Vec<u32>, Vec<u32>, [u64; 2])>;
 
     fn run<Bk: EngineBackend>(self, device: Bk::Device, _: DeviceInfo) -> Self::Output {
         let gguf = GgufFile::parse((self.file)().bytes()).expect("model");
@@ -243,7 +245,8 @@ impl BackendTask for FusedAgainstReference {
                 let mut lf = logits_to_vec(prefill_logits(&fused, ids, &mut sf, 256).unwrap());
                 let mut lr = logits_to_vec(prefill_logits(&reference, ids, &mut sr, 256).unwrap());
                 let (mut worst_diff, mut tf, mut tr) = (0.0f32, Vec::new(), Vec::new());
-                for _ in 0..self.steps {
+                let mut dispatches = [0; 2];
+                for step in 0..self.steps {
                     let diff = lf
                         .iter()
                         .zip(&lr)
@@ -256,10 +259,14 @@ impl BackendTask for FusedAgainstReference {
                     );
                     tf.push(a);
                     tr.push(b);
-                    lf = logits_to_vec(sf.forward(&fused, &[a], Logits::Last).unwrap());
-                    lr = logits_to_vec(sr.forward(&reference, &[a], Logits::Last).unwrap());
+                    let (f, cf) = counted(|| sf.forward(&fused, &[a], Logits::Last).unwrap());
+                    let (r, cr) = counted(|| sr.forward(&reference, &[a], Logits::Last).unwrap());
+                    if step == 0 {
+                        dispatches = [cf.dispatches, cr.dispatches];
+                    }
+                    (lf, lr) = (logits_to_vec(f), logits_to_vec(r));
                 }
-                (prompt.clone(), worst_diff, tf, tr)
+                (prompt.clone(), worst_diff, tf, tr, dispatches)
             })
             .collect()
     }
@@ -267,10 +274,17 @@ impl BackendTask for FusedAgainstReference {
 
 fn fused_matches_reference_ops(task: FusedAgainstReference) {
     let results = run_on(BackendKind::Wgpu, task).expect("a wgpu adapter");
-    for (prompt, diff, fused, reference) in results {
-        eprintln!("{prompt:?}: worst logit difference {diff:.2e}, tokens {fused:?}");
+    for (prompt, diff, fused, reference, [df, dr]) in results {
+        eprintln!(
+            "{prompt:?}: worst logit difference {diff:.2e}, tokens {fused:?}, \
+             {df} dispatches a step fused, {dr} operation by operation"
+        );
         assert!(diff <= 1e-3, "{prompt:?}: logits differ by {diff}");
         assert_eq!(fused, reference, "{prompt:?}: greedy tokens");
+        assert!(
+            df < dr,
+            "{prompt:?}: the fused path ran ({df} vs {dr} dispatches)"
+        );
     }
 }
 
@@ -295,6 +309,21 @@ fn gemma_fused_matches_reference_ops() {
     fused_matches_reference_ops(FusedAgainstReference {
         file: gemma_file,
         prompts: crate::gemma3::prompt_ids().into_iter().take(3).collect(),
+        steps: 8,
+    });
+}
+
+/// Qwen2's biased blocks (Q/K/V biases, NeoX RoPE, an untied output) through the fused
+/// kernels against the same file operation by operation: the Qwen2 checkpoint in Q8_0.
+#[test]
+fn qwen2_fused_matches_reference_ops() {
+    fn file() -> &'static ModelFile {
+        static FILE: std::sync::OnceLock<ModelFile> = std::sync::OnceLock::new();
+        FILE.get_or_init(|| crate::families::checkpoint("qwen2-q8_0"))
+    }
+    fused_matches_reference_ops(FusedAgainstReference {
+        file,
+        prompts: crate::families::prompt_ids("qwen2"),
         steps: 8,
     });
 }
