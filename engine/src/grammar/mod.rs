@@ -60,8 +60,8 @@ impl Grammar {
     }
 }
 
-/// `schema` with llguidance's JSON options defaulting to one line (`{"a": 1, "b": [2, 3]}`:
-/// OpenAI's spacing) where the schema does not set them: a small model's free-form
+/// `schema` with llguidance's JSON options defaulting to one line without spaces
+/// (`{"a":1,"b":[2,3]}`) where the schema does not set them: a small model's free-form
 /// whitespace wanders and costs tokens.
 fn compact(schema: &Value) -> Value {
     let mut schema = schema.clone();

@@ -151,7 +151,7 @@ impl CallSyntax {
                 "call_{i}: {} args_{i} {}\nargs_{i}: %json {}\n",
                 quoted(&head),
                 quoted(l.end),
-                compact(&tool.parameters)
+                compact(&spaced(&tool.parameters))
             ));
         }
         Grammar::Lark(lark)
@@ -167,6 +167,23 @@ impl CallSyntax {
         }
         Some(text.starts_with(opener))
     }
+}
+
+/// `schema` with `", "` and `": "` between items (where it sets no separators): calls
+/// written as chat templates render earlier calls (Python's `json.dumps` through
+/// `tojson`), so a model's own calls look like those in its conversations.
+fn spaced(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Some(root) = schema.as_object_mut() {
+        let options = root
+            .entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({}));
+        if let Some(options) = options.as_object_mut() {
+            options.entry("item_separator").or_insert(", ".into());
+            options.entry("key_separator").or_insert(": ".into());
+        }
+    }
+    schema
 }
 
 /// `c` for a regex character class.
@@ -544,6 +561,10 @@ mod tests {
         let one = lark(CallSyntax::List, CallMode::One, false);
         assert!(one.contains(r#"call_0: "{\"name\": \"get_weather\", \"arguments\": " args_0"#));
         assert!(one.contains("args_0: %json {"));
+        assert!(
+            one.contains(r#""item_separator":", ","key_separator":": ""#),
+            "{one}"
+        );
         assert!(!one.contains("text") && !one.contains(")*"));
         let auto = lark(CallSyntax::List, CallMode::Several, true);
         assert!(auto.contains("start: calls | text") && auto.contains("(\", \" call)*"));

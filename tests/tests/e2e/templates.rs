@@ -171,8 +171,12 @@ impl BackendTask for ToolCalls {
             if calls.is_empty() || (!syntax.allows_several() && calls.len() != 1) {
                 return Err(format!("{family}: {calls:?}"));
             }
-            for (name, args) in calls {
-                let args: Value = serde_json::from_str(&args).map_err(|e| e.to_string())?;
+            for (name, text) in calls {
+                let args: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+                // Spaced as the template's `tojson` renders earlier calls.
+                if args.as_object().is_some_and(|o| !o.is_empty()) && !text.contains("\": ") {
+                    return Err(format!("{family}: {text} is not spaced as `tojson`"));
+                }
                 let ok = match name.as_str() {
                     "get_weather" => {
                         args["city"]
