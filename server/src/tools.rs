@@ -377,21 +377,25 @@ impl CallStream {
         }
     }
 
+    /// The calls' steps in `piece` as `delta.tool_calls` entries, one a call (OpenAI's
+    /// shape: a call's start and its first arguments in one entry).
     fn deltas(&mut self, response: &str, piece: &str) -> Result<Option<Streamed>, String> {
-        let deltas: Vec<Value> = self
-            .reader
-            .push(piece)?
-            .into_iter()
-            .map(|d| match d {
-                CallDelta::Start { index, name } => json!({
+        let mut deltas: Vec<Value> = Vec::new();
+        for d in self.reader.push(piece)? {
+            match d {
+                CallDelta::Start { index, name } => deltas.push(json!({
                     "index": index, "id": call_id(response, index), "type": "function",
                     "function": {"name": name, "arguments": ""},
-                }),
-                CallDelta::Arguments { index, text } => {
-                    json!({"index": index, "function": {"arguments": text}})
-                }
-            })
-            .collect();
+                })),
+                CallDelta::Arguments { index, text } => match deltas.last_mut() {
+                    Some(last) if last["index"] == index => {
+                        let so_far = last["function"]["arguments"].as_str().unwrap_or("");
+                        last["function"]["arguments"] = json!(format!("{so_far}{text}"));
+                    }
+                    _ => deltas.push(json!({"index": index, "function": {"arguments": text}})),
+                },
+            }
+        }
         Ok((!deltas.is_empty()).then_some(Streamed::Calls(deltas)))
     }
 
@@ -591,6 +595,26 @@ mod tests {
         }
         assert_eq!(deltas[0]["id"], "call_r_0");
         assert_eq!(deltas[0]["function"]["name"], "f");
+        // Two calls' steps in one piece: one entry a call, start and arguments together.
+        let mut both = CallStream::new(LIST);
+        let Some(Streamed::Calls(entries)) = both
+            .push(
+                "r",
+                r#"[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]"#,
+            )
+            .unwrap()
+        else {
+            panic!("calls")
+        };
+        assert_eq!(
+            entries,
+            [
+                json!({"index": 0, "id": "call_r_0", "type": "function",
+                       "function": {"name": "a", "arguments": "{\"x\": 1}"}}),
+                json!({"index": 1, "id": "call_r_1", "type": "function",
+                       "function": {"name": "b", "arguments": "{}"}}),
+            ]
+        );
         let args: String = deltas
             .iter()
             .map(|d| d["function"]["arguments"].as_str().unwrap())
