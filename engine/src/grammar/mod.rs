@@ -64,15 +64,21 @@ impl Grammar {
 /// (`{"a":1,"b":[2,3]}`) where the schema does not set them: a small model's free-form
 /// whitespace wanders and costs tokens.
 fn compact(schema: &Value) -> Value {
+    guided(schema, &[("whitespace_flexible", Value::Bool(false))])
+}
+
+/// `schema` with llguidance's JSON options (`x-guidance`) defaulting to `defaults`
+/// where the schema does not set them.
+fn guided(schema: &Value, defaults: &[(&str, Value)]) -> Value {
     let mut schema = schema.clone();
     if let Some(root) = schema.as_object_mut() {
         let options = root
             .entry("x-guidance")
             .or_insert_with(|| serde_json::json!({}));
         if let Some(options) = options.as_object_mut() {
-            options
-                .entry("whitespace_flexible")
-                .or_insert(Value::Bool(false));
+            for (key, value) in defaults {
+                options.entry(*key).or_insert_with(|| value.clone());
+            }
         }
     }
     schema

@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use super::{compact, Grammar};
+use super::{compact, guided, Grammar};
 
 /// A function the model may call: its name and the JSON schema of its arguments.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,17 +173,11 @@ impl CallSyntax {
 /// written as chat templates render earlier calls (Python's `json.dumps` through
 /// `tojson`), so a model's own calls look like those in its conversations.
 fn spaced(schema: &Value) -> Value {
-    let mut schema = schema.clone();
-    if let Some(root) = schema.as_object_mut() {
-        let options = root
-            .entry("x-guidance")
-            .or_insert_with(|| serde_json::json!({}));
-        if let Some(options) = options.as_object_mut() {
-            options.entry("item_separator").or_insert(", ".into());
-            options.entry("key_separator").or_insert(": ".into());
-        }
-    }
-    schema
+    let separators = [("item_separator", ", "), ("key_separator", ": ")];
+    guided(
+        schema,
+        &separators.map(|(key, sep)| (key, Value::from(sep))),
+    )
 }
 
 /// `c` for a regex character class.
@@ -272,8 +266,7 @@ impl CallReader {
             let rest = &self.text[self.read..];
             match self.at {
                 At::Start => {
-                    let skip = rest.len() - rest.trim_start().len();
-                    self.read += skip;
+                    self.skip_space();
                     let rest = &self.text[self.read..];
                     match expect(rest, l.open) {
                         Expect::Found => {
@@ -285,8 +278,7 @@ impl CallReader {
                     }
                 }
                 At::Head => {
-                    let skip = rest.len() - rest.trim_start().len();
-                    self.read += skip;
+                    self.skip_space();
                     let rest = &self.text[self.read..];
                     match expect(rest, l.head) {
                         Expect::Found => {}
@@ -399,6 +391,12 @@ impl CallReader {
                 }
             }
         }
+    }
+
+    /// Moves past whitespace.
+    fn skip_space(&mut self) {
+        let rest = &self.text[self.read..];
+        self.read += rest.len() - rest.trim_start().len();
     }
 
     /// The calls read (name and arguments), once they are complete.
