@@ -1,5 +1,7 @@
-// A static file server for the demo on 127.0.0.1 (a secure context, so WebGPU is allowed).
-// As a script: node web-demo/serve.mjs SITE_DIR [PORT]
+// A static file server for the demo on 127.0.0.1 (a secure context, so WebGPU is allowed),
+// cross-origin isolated (COOP and COEP headers), so the CPU path can share its memory with
+// its threads; `isolated: false` serves without them (the CPU path then runs on one thread).
+// As a script: node web-demo/serve.mjs SITE_DIR [PORT] [--not-isolated]
 import { createServer } from "node:http";
 import { createReadStream, promises as fs } from "node:fs";
 import path from "node:path";
@@ -15,7 +17,10 @@ const TYPES = {
 };
 
 /** Serves `root` on 127.0.0.1:`port` (0: any free port); resolves to the server once listening. */
-export function serve(root, port = 0) {
+export function serve(root, port = 0, { isolated = true } = {}) {
+  const isolation = isolated
+    ? { "cross-origin-opener-policy": "same-origin", "cross-origin-embedder-policy": "require-corp" }
+    : {};
   const base = path.resolve(root);
   const server = createServer(async (req, res) => {
     const url = new URL(req.url, "http://127.0.0.1");
@@ -31,6 +36,7 @@ export function serve(root, port = 0) {
         "content-type": TYPES[path.extname(file)] ?? "application/octet-stream",
         "content-length": stat.size,
         "cache-control": "no-store",
+        ...isolation,
       });
       createReadStream(file).pipe(res);
     } catch {
@@ -41,11 +47,13 @@ export function serve(root, port = 0) {
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1]).href) {
-  const [root, port = "8080"] = process.argv.slice(2);
+  const args = process.argv.slice(2);
+  const isolated = !args.includes("--not-isolated");
+  const [root, port = "8080"] = args.filter((a) => a !== "--not-isolated");
   if (!root) {
-    console.error("usage: node web-demo/serve.mjs SITE_DIR [PORT]");
+    console.error("usage: node web-demo/serve.mjs SITE_DIR [PORT] [--not-isolated]");
     process.exit(2);
   }
-  const server = await serve(root, Number(port));
+  const server = await serve(root, Number(port), { isolated });
   console.log(`Fornax web demo on http://127.0.0.1:${server.address().port}/ (Ctrl-C stops)`);
 }

@@ -84,7 +84,11 @@ impl Q8Activations {
     /// (inlined, with no closure: called for every group and tile, it took 2% of a
     /// prefill when it was a call).
     #[inline(always)]
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[cfg(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        all(target_arch = "wasm32", target_feature = "simd128")
+    ))]
     pub(crate) fn tile<const N: usize>(&self, t0: usize) -> [TokenActs<'_>; N] {
         let mut tile = [self.token(t0); N];
         for (j, t) in tile.iter_mut().enumerate().skip(1) {

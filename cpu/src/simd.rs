@@ -13,13 +13,20 @@ pub enum SimdLevel {
     Neon,
     /// arm64 NEON with the dot-product extension (`sdot`).
     NeonDotprod,
+    /// WebAssembly 128-bit SIMD, where the module is built with it (chosen at build time:
+    /// a module with SIMD instructions does not load where they are missing).
+    Simd128,
 }
 
 impl SimdLevel {
     /// Every level this CPU can run, slowest first.
     pub fn available() -> Vec<Self> {
         #[cfg_attr(
-            not(any(target_arch = "x86_64", target_arch = "aarch64")),
+            not(any(
+                target_arch = "x86_64",
+                target_arch = "aarch64",
+                all(target_arch = "wasm32", target_feature = "simd128")
+            )),
             allow(unused_mut)
         )]
         let mut levels = vec![Self::Portable];
@@ -30,6 +37,8 @@ impl SimdLevel {
                 levels.push(Self::NeonDotprod);
             }
         }
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        levels.push(Self::Simd128);
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx2")
@@ -59,6 +68,7 @@ impl SimdLevel {
             Self::Avx512Vnni => "avx512-vnni",
             Self::Neon => "neon",
             Self::NeonDotprod => "neon-dotprod",
+            Self::Simd128 => "simd128",
         }
     }
 }

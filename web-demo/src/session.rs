@@ -1,6 +1,7 @@
-//! A model loaded onto the WebGPU device with its tokenizer and a paged KV pool, and
-//! generation over it that reads logits back asynchronously (WebGPU cannot block),
-//! optionally under a JSON schema (llguidance, compiled to wasm with the engine).
+//! A model loaded onto the WebGPU device or into the CPU backend, with its tokenizer and
+//! a paged KV pool, and generation over it that reads logits back asynchronously (WebGPU
+//! cannot block), optionally under a JSON schema (llguidance, compiled to wasm with the
+//! engine).
 
 use std::cell::{OnceCell, RefCell};
 use std::rc::Rc;
@@ -13,31 +14,68 @@ use fornax_engine::model::{LoadOptions, Model};
 use fornax_engine::sampling::SamplingParams;
 use fornax_engine::seq_cache::PagedSeq;
 use fornax_engine::tokenizer::{ChatMessage, TextStream, Tokenizer};
-use fornax_engine::{GenerateParams, Generation};
+use fornax_engine::{CpuBackend, EngineBackend, GenerateParams, Generation};
 use js_sys::{Function, Promise, Uint32Array};
 use wasm_bindgen::prelude::*;
-use wasm_bindgen_futures::future_to_promise;
+use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
-use crate::device::{device, Adapter, WebBackend};
+use crate::cpu;
+#[cfg(feature = "webgpu")]
+use crate::device::{device, WebBackend};
 
 /// Context the demo's KV pool holds (prompt plus generated tokens), at most the model's.
 const CONTEXT_TOKENS: usize = 2048;
 
-/// A model ready to generate in this tab.
-#[wasm_bindgen]
-pub struct Session {
-    inner: Rc<Inner>,
+/// How long the CPU path computes before the worker's events get a turn.
+const YIELD_MS: f64 = 50.0;
+
+/// Resolves in the worker's next task, after the messages already waiting (a message
+/// to itself: unlike `setTimeout`, not held back to 4 ms when repeated).
+async fn next_task() {
+    let channel = web_sys::MessageChannel::new().expect("a message channel");
+    let promise = Promise::new(&mut |resolve, _| {
+        channel.port1().set_onmessage(Some(&resolve));
+    });
+    let _ = channel.port2().post_message(&JsValue::NULL);
+    let _ = JsFuture::from(promise).await;
 }
 
-struct Inner {
-    model: Model<WebBackend>,
+/// A model ready to generate in this tab, on one of the two paths.
+#[wasm_bindgen]
+pub struct Session {
+    path: Path,
+}
+
+enum Path {
+    #[cfg(feature = "webgpu")]
+    WebGpu(Rc<Inner<WebBackend>>),
+    Cpu(Rc<Inner<CpuBackend>>),
+}
+
+/// Runs `$body` with `$inner` bound to the path's session, whatever its backend.
+macro_rules! on_path {
+    ($path:expr, |$inner:ident| $body:expr) => {
+        match $path {
+            #[cfg(feature = "webgpu")]
+            Path::WebGpu($inner) => $body,
+            Path::Cpu($inner) => $body,
+        }
+    };
+}
+
+struct Inner<B: EngineBackend> {
+    model: Model<B>,
     tokenizer: Arc<Tokenizer>,
     /// Built at the first schema (the vocabulary's token trie).
     grammars: OnceCell<GrammarCompiler>,
     /// One sequence at a time; borrowed for the length of a generation.
-    kv: RefCell<PagedKv<WebBackend>>,
-    adapter: Adapter,
+    kv: RefCell<PagedKv<B>>,
+    /// What computes: the adapter, or the CPU kernels and their threads.
+    device: String,
     summary: String,
+    /// Whether the worker's events get a turn between tokens: the CPU path computes
+    /// without awaiting anything, so the stop button would otherwise wait for the end.
+    yields: bool,
 }
 
 fn js_error(e: impl std::fmt::Display) -> JsError {
@@ -46,71 +84,97 @@ fn js_error(e: impl std::fmt::Display) -> JsError {
 
 #[wasm_bindgen]
 impl Session {
-    /// Parses a GGUF file, checks that its largest weight fits one storage binding of the
-    /// adapter, and uploads it (quantized matrices stay quantized); `progress(done,
-    /// total)` is called after each tensor.
-    pub async fn load(bytes: Vec<u8>, progress: Function) -> Result<Session, JsError> {
-        let (device, adapter) = device().await;
+    /// Parses a GGUF file and loads it on `path`: `"webgpu"` (checking that its largest
+    /// weight fits one storage binding of the adapter) or `"cpu"` (the CPU kernels, on the
+    /// thread pool where the module has one); quantized matrices stay quantized.
+    /// `progress(done, total)` is called after each tensor.
+    pub async fn load(
+        bytes: Vec<u8>,
+        progress: Function,
+        path: String,
+    ) -> Result<Session, JsError> {
         let file = GgufFile::parse(&bytes).map_err(js_error)?;
-        let options = LoadOptions::default();
-        if let Some((name, need)) = Model::<WebBackend>::largest_weight(&file, options) {
-            if need > adapter.max_binding {
-                return Err(JsError::new(&format!(
-                    "tensor {name} needs {} MiB in one buffer, but this adapter binds at most {} MiB",
-                    need >> 20,
-                    adapter.max_binding >> 20
-                )));
-            }
-        }
-        let tokenizer = Tokenizer::from_gguf(&file).map_err(js_error)?;
         let mut report = |done: usize, total: usize| {
             let _ = progress.call2(&JsValue::NULL, &done.into(), &total.into());
         };
-        let model = Model::<WebBackend>::from_gguf_with(&file, &device, options, &mut report)
-            .map_err(js_error)?;
-        let dims = model.kv_dims();
-        let context = CONTEXT_TOKENS.min(model.config.max_seq_len);
-        let blocks = context.div_ceil(BLOCK_TOKENS);
-        let kv = model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
-        let c = &model.config;
-        let summary = format!(
-            "{} layers, d_model {}, {} heads ({} KV), vocabulary {}; weights {:.1} MB on the GPU; \
-             KV pool {} blocks of {BLOCK_TOKENS} tokens in FP32 ({:.1} MB)",
-            c.n_layers,
-            c.d_model,
-            c.n_heads,
-            c.n_kv_heads,
-            c.vocab_size,
-            model.weight_bytes() as f64 / 1e6,
-            blocks,
-            (blocks * dims.block_bytes(Tier::F32)) as f64 / 1e6,
-        );
-        Ok(Session {
-            inner: Rc::new(Inner {
-                model,
-                tokenizer: Arc::new(tokenizer),
-                grammars: OnceCell::new(),
-                kv: RefCell::new(kv),
-                adapter,
-                summary,
-            }),
-        })
+        let path = match path.as_str() {
+            #[cfg(feature = "webgpu")]
+            "webgpu" => {
+                let (device, adapter) = device().await;
+                let options = LoadOptions::default();
+                if let Some((name, need)) = Model::<WebBackend>::largest_weight(&file, options) {
+                    if need > adapter.max_binding {
+                        return Err(JsError::new(&format!(
+                            "tensor {name} needs {} MiB in one buffer, but this adapter binds at most {} MiB",
+                            need >> 20,
+                            adapter.max_binding >> 20
+                        )));
+                    }
+                }
+                let model = Model::from_gguf_with(&file, &device, options, &mut report)
+                    .map_err(js_error)?;
+                let inner = Inner::new(&file, model, adapter.describe(), "on the GPU", false)?;
+                Path::WebGpu(Rc::new(inner))
+            }
+            "cpu" => {
+                let model = Model::from_gguf_with(
+                    &file,
+                    &Default::default(),
+                    LoadOptions::default(),
+                    &mut report,
+                )
+                .map_err(js_error)?;
+                Path::Cpu(Rc::new(Inner::new(
+                    &file,
+                    model,
+                    cpu::describe(),
+                    "in memory",
+                    true,
+                )?))
+            }
+            other => {
+                return Err(JsError::new(&format!(
+                    "no path {other:?} in this module (it has: {})",
+                    Session::paths()
+                )))
+            }
+        };
+        Ok(Session { path })
     }
 
-    /// The adapter, its binding limit and whether it has `shader-f16`.
-    pub fn adapter(&self) -> String {
-        self.inner.adapter.describe()
+    /// The path the model is on: `"webgpu"` or `"cpu"`.
+    #[wasm_bindgen(getter)]
+    pub fn path(&self) -> String {
+        match self.path {
+            #[cfg(feature = "webgpu")]
+            Path::WebGpu(_) => "webgpu".into(),
+            Path::Cpu(_) => "cpu".into(),
+        }
     }
 
-    /// The model's shape and what it holds on the GPU.
+    /// The paths this module can load on, comma-separated.
+    pub fn paths() -> String {
+        match cfg!(feature = "webgpu") {
+            true => "webgpu, cpu".into(),
+            false => "cpu".into(),
+        }
+    }
+
+    /// What computes: the adapter (its binding limit and whether it has `shader-f16`), or
+    /// the CPU kernels' SIMD level and threads.
+    pub fn device(&self) -> String {
+        on_path!(&self.path, |inner| inner.device.clone())
+    }
+
+    /// The model's shape and what it holds.
     pub fn summary(&self) -> String {
-        self.inner.summary.clone()
+        on_path!(&self.path, |inner| inner.summary.clone())
     }
 
     /// Token ids of `prompt`: the text as it is, or with `chat` a user turn rendered
     /// with the file's chat template.
     pub fn encode(&self, prompt: &str, chat: bool) -> Result<Vec<u32>, JsError> {
-        let tok = &self.inner.tokenizer;
+        let tok = on_path!(&self.path, |inner| &inner.tokenizer);
         let ids = match chat {
             true => tok.encode_chat(&[ChatMessage::new("user", prompt)]),
             false => tok.encode_prompt(prompt, false),
@@ -133,7 +197,67 @@ impl Session {
         schema: Option<String>,
         on_token: Function,
     ) -> Promise {
-        let inner = self.inner.clone();
+        on_path!(&self.path, |inner| {
+            inner
+                .clone()
+                .generate_promise(prompt, max_tokens, temperature, seed, schema, on_token)
+        })
+    }
+}
+
+impl<B: EngineBackend> Inner<B> {
+    /// The session around a loaded model: its tokenizer and a KV pool of FP32 blocks for
+    /// [`CONTEXT_TOKENS`] (at most the model's context).
+    fn new(
+        file: &GgufFile<'_>,
+        model: Model<B>,
+        device: String,
+        place: &str,
+        yields: bool,
+    ) -> Result<Self, JsError> {
+        let tokenizer = Tokenizer::from_gguf(file).map_err(js_error)?;
+        let dims = model.kv_dims();
+        let context = CONTEXT_TOKENS.min(model.config.max_seq_len);
+        let blocks = context.div_ceil(BLOCK_TOKENS);
+        let kv = model.new_paged_cache(KvCapacity::f32_only(blocks), TierPolicy::ALL_F32);
+        let c = &model.config;
+        let summary = format!(
+            "{} layers, d_model {}, {} heads ({} KV), vocabulary {}; weights {:.1} MB {place}; \
+             KV pool {} blocks of {BLOCK_TOKENS} tokens in FP32 ({:.1} MB)",
+            c.n_layers,
+            c.d_model,
+            c.n_heads,
+            c.n_kv_heads,
+            c.vocab_size,
+            model.weight_bytes() as f64 / 1e6,
+            blocks,
+            (blocks * dims.block_bytes(Tier::F32)) as f64 / 1e6,
+        );
+        Ok(Self {
+            model,
+            tokenizer: Arc::new(tokenizer),
+            grammars: OnceCell::new(),
+            kv: RefCell::new(kv),
+            device,
+            summary,
+            yields,
+        })
+    }
+
+    /// [`Session::generate`] on this path.
+    fn generate_promise(
+        self: Rc<Self>,
+        prompt: Vec<u32>,
+        max_tokens: usize,
+        temperature: f32,
+        seed: u32,
+        schema: Option<String>,
+        on_token: Function,
+    ) -> Promise
+    where
+        B: 'static,
+    {
+        let inner = self;
         future_to_promise(async move {
             let params = GenerateParams {
                 max_tokens,
@@ -156,9 +280,7 @@ impl Session {
                 .map_err(Into::into)
         })
     }
-}
 
-impl Inner {
     /// The grammar of a JSON schema's text, compiled against the vocabulary.
     fn constraint(&self, schema: &str) -> Result<Constraint, JsError> {
         let schema = serde_json::from_str(schema)
@@ -197,7 +319,12 @@ impl Inner {
             generation = generation.with_constraint(c);
         }
         let mut text = TextStream::default();
+        let mut turn = js_sys::Date::now();
         loop {
+            if self.yields && js_sys::Date::now() - turn >= YIELD_MS {
+                next_task().await;
+                turn = js_sys::Date::now();
+            }
             generation.pick_async(logits).await.map_err(js_error)?;
             let done = generation.finished();
             let pending = generation.pending().to_vec();

@@ -8,17 +8,23 @@ function setState(state, message) {
   const busy = state === "loading" || state === "generating";
   $("load").disabled = busy;
   $("model-pick").disabled = busy;
+  $("compute").disabled = busy;
   $("model-file").disabled = busy;
   $("generate").disabled = busy || !document.body.dataset.model;
   $("stop").disabled = state !== "generating";
 }
 
-setState("idle", navigator.gpu ? "WebGPU: available" : "WebGPU: not available in this browser");
+setState("idle", `no model loaded (WebGPU ${navigator.gpu ? "available" : "not available"} in this browser)`);
+
+// `?compute=cpu|webgpu|auto` picks the path; `?threads=N` sizes the CPU path's pool.
+const query = new URLSearchParams(location.search);
+if (query.get("compute")) $("compute").value = query.get("compute");
 
 function load(source) {
   setState("loading", "loading…");
   $("progress").value = 0;
-  worker.postMessage({ type: "load", ...source });
+  const threads = Number(query.get("threads")) || 0;
+  worker.postMessage({ type: "load", compute: $("compute").value, threads, ...source });
 }
 
 $("model-pick").onchange = (e) => {
@@ -59,8 +65,10 @@ const rate = (tokens, ms) => (ms > 0 ? ((tokens * 1000) / ms).toFixed(2) : "–"
 
 worker.onmessage = ({ data: m }) => {
   switch (m.type) {
-    case "adapter":
-      $("adapter").textContent = m.adapter;
+    case "path":
+      document.body.dataset.path = m.path;
+      $("path").textContent = `${m.path === "cpu" ? "CPU" : "WebGPU"}: ${m.reason}`;
+      $("device").textContent = m.device;
       break;
     case "progress":
       $("progress").value = m.total ? m.done / m.total : 0;
@@ -70,6 +78,7 @@ worker.onmessage = ({ data: m }) => {
       document.body.dataset.model = m.name;
       $("model").textContent = `${m.name}: ${m.summary}`;
       $("progress").value = 1;
+      document.body.dataset.loadMs = m.ms;
       setState("ready", `loaded in ${(m.ms / 1000).toFixed(1)} s`);
       break;
     case "token":
@@ -79,6 +88,12 @@ worker.onmessage = ({ data: m }) => {
     case "done": {
       $("ids").textContent = JSON.stringify(m.ids);
       const decode = m.ids.length > 1 ? `, decoding ${rate(m.ids.length - 1, m.ms - m.firstMs)} tokens/s` : "";
+      // The figures as numbers, for scripts/bench-browser.sh.
+      document.body.dataset.result = JSON.stringify({
+        tokens: m.ids.length,
+        firstMs: m.firstMs,
+        decode: m.ids.length > 1 ? ((m.ids.length - 1) * 1000) / (m.ms - m.firstMs) : 0,
+      });
       $("stats").textContent =
         `${m.ids.length} tokens in ${(m.ms / 1000).toFixed(1)} s: ${rate(m.ids.length, m.ms)} tokens/s` +
         ` (prompt ${m.promptTokens} tokens, first token after ${(m.firstMs / 1000).toFixed(1)} s${decode})` +

@@ -1,20 +1,71 @@
-// The Web Worker that owns the model: loads a GGUF file onto WebGPU and generates,
+// The Web Worker that owns the model: picks the path (WebGPU, or the CPU kernels where
+// WebGPU is missing or computes in software), loads a GGUF file on it and generates,
 // posting progress and tokens back to the page.
-import init, { Session, checkKernels, webgpuAdapter } from "./pkg/fornax_web.js";
 
-// WebGPU first (a Rust panic would take the module down), then the device and its adapter.
-const ready = (async () => {
-  if (!navigator.gpu) throw new Error("this browser has no WebGPU (in Chromium: --enable-unsafe-webgpu)");
+// What WebGPU offers here, asked once: no adapter, or one and whether it is a software one.
+const gpu = (async () => {
+  if (!navigator.gpu) return { adapter: null, why: "this browser has no WebGPU" };
   const adapter = await navigator.gpu.requestAdapter();
-  if (!adapter) throw new Error("WebGPU has no adapter here");
-  await init();
-  // A fallback adapter computes on the CPU (SwiftShader): the kernels take their CPU shapes.
-  const fallback = Boolean(adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter);
-  postMessage({ type: "adapter", adapter: await webgpuAdapter(fallback) });
+  if (!adapter) return { adapter: null, why: "WebGPU has no adapter here" };
+  const info = adapter.info ?? {};
+  const named = [info.vendor, info.architecture, info.device, info.description].filter(Boolean).join(" ");
+  const fallback = Boolean(info.isFallbackAdapter ?? adapter.isFallbackAdapter);
+  const software = /swiftshader|llvmpipe|lavapipe|software/i.test(named);
+  return { adapter, fallback, software, named: named || "an unnamed adapter" };
 })();
-ready.catch((e) => postMessage({ type: "error", message: String(e?.message ?? e) }));
+
+// The two modules: WebGPU with a one-thread CPU path (pkg), and the CPU path on a pool of
+// Web Workers over shared memory (pkg-threads), which needs a cross-origin isolated page.
+const modules = {};
+async function module(name) {
+  if (!modules[name]) {
+    modules[name] = (async () => {
+      const m = await import(`./${name}/fornax_web.js`);
+      await m.default();
+      return m;
+    })();
+  }
+  return modules[name];
+}
+
 let session = null;
 let stopRequested = false;
+let pool = 0; // threads started in pkg-threads (once per worker)
+
+// The path for `compute` ("auto", "webgpu" or "cpu"), and why.
+async function choose(compute) {
+  const g = await gpu;
+  if (compute === "webgpu") {
+    if (!g.adapter) throw new Error(`WebGPU was asked for, but ${g.why}`);
+    return { path: "webgpu", reason: "asked for" };
+  }
+  if (compute === "cpu") return { path: "cpu", reason: "asked for" };
+  if (!g.adapter) return { path: "cpu", reason: g.why };
+  if (g.fallback) return { path: "cpu", reason: `the WebGPU adapter (${g.named}) is a fallback one, computing on the CPU` };
+  if (g.software) return { path: "cpu", reason: `the WebGPU adapter (${g.named}) computes in software` };
+  return { path: "webgpu", reason: `the WebGPU adapter (${g.named}) is a GPU` };
+}
+
+// The module for `path`, set up: WebGPU's device, or the CPU path's threads.
+async function ready(path, threads) {
+  if (path === "webgpu") {
+    const m = await module("pkg");
+    const g = await gpu;
+    // A fallback adapter computes on the CPU (SwiftShader): the kernels take their CPU shapes.
+    return { m, device: await m.webgpuAdapter(g.fallback) };
+  }
+  if (!self.crossOriginIsolated) {
+    const m = await module("pkg");
+    return { m, device: `${m.cpuDevice()}: one thread, since the page is not cross-origin isolated` };
+  }
+  const m = await module("pkg-threads");
+  if (!pool) {
+    pool = Math.max(1, threads || navigator.hardwareConcurrency || 1);
+    // This worker is one of the pool's threads; the others are Web Workers of their own.
+    await m.initThreadPool(pool, new URL("./pkg-threads/fornax_web.js", import.meta.url).href);
+  }
+  return { m, device: m.cpuDevice() };
+}
 
 const mib = (n) => `${(n / 2 ** 20).toFixed(1)} MiB`;
 
@@ -45,16 +96,21 @@ async function download(url) {
   return joined;
 }
 
-async function load({ url, file }) {
+async function load({ url, file, compute, threads }) {
   const t0 = performance.now();
+  const { path, reason } = await choose(compute ?? "auto");
+  const { m, device } = await ready(path, threads);
+  postMessage({ type: "path", path, reason, device });
   const name = file ? file.name : url.split("/").pop();
   const bytes = file ? new Uint8Array(await file.arrayBuffer()) : await download(url);
   session?.free();
   session = null;
-  session = await Session.load(bytes, (done, total) =>
-    postMessage({ type: "progress", phase: "upload", done, total, label: `tensor ${done} of ${total}` }),
+  session = await m.Session.load(
+    bytes,
+    (done, total) => postMessage({ type: "progress", phase: "load", done, total, label: `tensor ${done} of ${total}` }),
+    path,
   );
-  postMessage({ type: "loaded", name, summary: session.summary(), ms: performance.now() - t0 });
+  postMessage({ type: "loaded", name, path, summary: session.summary(), ms: performance.now() - t0 });
 }
 
 async function generate({ prompt, chat, maxTokens, temperature, seed, schema }) {
@@ -80,16 +136,29 @@ async function generate({ prompt, chat, maxTokens, temperature, seed, schema }) 
   });
 }
 
+// The kernel checks of the loaded path: burn's operations and our kernels on the adapter,
+// or the CPU kernels' SIMD level against the portable one.
+async function check() {
+  if (!session) throw new Error("load a model first");
+  const path = session.path;
+  if (path === "webgpu") return (await module("pkg")).checkKernels();
+  const m = await module(self.crossOriginIsolated ? "pkg-threads" : "pkg");
+  try {
+    return `CPU kernels: ${m.checkCpuKernels()}: passed`;
+  } catch (e) {
+    return `CPU kernels: ${e?.message ?? e}: failed`;
+  }
+}
+
 self.onmessage = async ({ data: m }) => {
   if (m.type === "stop") {
     stopRequested = true;
     return;
   }
   try {
-    await ready;
     if (m.type === "load") await load(m);
     else if (m.type === "generate") await generate(m);
-    else if (m.type === "check") postMessage({ type: "check", report: await checkKernels() });
+    else if (m.type === "check") postMessage({ type: "check", report: await check() });
   } catch (e) {
     postMessage({ type: "error", message: String(e?.message ?? e) });
   }

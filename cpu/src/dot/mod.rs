@@ -14,7 +14,11 @@
 /// through the level's `tile::<N, F>` (defined beside it) for the `N` that fits and the
 /// format's index `F` in [`QuantFormat::ALL`](crate::format::QuantFormat::ALL), so that
 /// each format's tile is compiled on its own, its tests on the format folded away.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    all(target_arch = "wasm32", target_feature = "simd128")
+))]
 macro_rules! tokens_by_tile {
     ($features:literal) => {
         /// Tokens `t0..t0 + n` (`n` at most 4) against group `group`.
@@ -79,6 +83,8 @@ macro_rules! tokens_by_tile {
 #[cfg(target_arch = "aarch64")]
 mod arm;
 mod portable;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -130,6 +136,11 @@ pub(crate) fn group_dots(
         SimdLevel::NeonDotprod => unsafe {
             arm::dotprod::tokens(w.format, group, acts, t0, n, out, scales)
         },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        // SAFETY: the module was built with simd128, so every engine that runs it has it.
+        SimdLevel::Simd128 => unsafe {
+            wasm::simd128::tokens(w.format, group, acts, t0, n, out, scales)
+        },
         _ => portable::tokens(w.format, group, acts, t0, n, out, scales),
     }
 }
@@ -157,6 +168,9 @@ pub(crate) fn expand_scales(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         SimdLevel::Avx512Vnni => unsafe { x86::vnni::expand(format, group, nb, out) },
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        // SAFETY: as above; the module was built with simd128.
+        SimdLevel::Simd128 => unsafe { wasm::simd128::expand(format, group, nb, out) },
         _ => {
             for (b, v) in out.chunks_exact_mut(k).enumerate() {
                 v.copy_from_slice(&block_lanes(format, group, nb, b, None)[..k]);

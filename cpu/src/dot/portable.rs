@@ -1,12 +1,23 @@
 //! The plain-Rust level: any CPU, and the kernels' own reference. The same arithmetic as
 //! the SIMD levels lane for lane (fused multiply-adds in the same order), so every level
-//! gives the same results.
+//! gives the same results. WebAssembly has no fused multiply-add (a call to `fmaf` there
+//! is software, many times slower): on wasm this level and `simd128` both multiply, then
+//! add.
 
 use std::ops::Range;
 
 use crate::activations::Q8Activations;
 use crate::format::{QuantFormat, QBLOCK};
 use crate::interleaved::{block_lanes, code_offset, LANES};
+
+/// `a b + c`: fused where the target has the instruction.
+#[inline(always)]
+fn madd(a: f32, b: f32, c: f32) -> f32 {
+    match cfg!(target_family = "wasm") {
+        true => a * b + c,
+        false => a.mul_add(b, c),
+    }
+}
 
 /// Lane `l`'s 32 integer codes in a group-block (see `QuantFormat::block_codes`).
 fn lane_codes(format: QuantFormat, block: &[u8], l: usize) -> [i32; 32] {
@@ -40,18 +51,18 @@ pub(super) fn tokens(
                 if format.half_scales() {
                     // One scale per half of 16 values, summed apart; K2's, K3's and K6's
                     // offsets per half.
-                    *acc = (dot(0..16) as f32).mul_add(d[l] * xd[b], *acc);
-                    *acc = (dot(16..32) as f32).mul_add(m[l] * xd[b], *acc);
+                    *acc = madd(dot(0..16) as f32, d[l] * xd[b], *acc);
+                    *acc = madd(dot(16..32) as f32, m[l] * xd[b], *acc);
                     if format.half_mins() {
-                        *acc = m0[l].mul_add(xh[2 * b], *acc);
-                        *acc = m1[l].mul_add(xh[2 * b + 1], *acc);
+                        *acc = madd(m0[l], xh[2 * b], *acc);
+                        *acc = madd(m1[l], xh[2 * b + 1], *acc);
                     }
                     continue;
                 }
                 let isum = dot(0..32);
-                *acc = (isum as f32).mul_add(d[l] * xd[b], *acc);
+                *acc = madd(isum as f32, d[l] * xd[b], *acc);
                 if format.has_offset() {
-                    *acc = m[l].mul_add(xs[b], *acc);
+                    *acc = madd(m[l], xs[b], *acc);
                 }
             }
         }
