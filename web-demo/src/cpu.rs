@@ -4,7 +4,8 @@
 use wasm_bindgen::prelude::wasm_bindgen;
 
 /// One line for the page: the SIMD level and the threads the kernels run on.
-pub fn describe() -> String {
+#[wasm_bindgen(js_name = cpuDevice)]
+pub fn cpu_device() -> String {
     let threads = fornax_cpu::threads();
     format!(
         "CPU, {} kernels, {threads} thread{}{}",
@@ -22,10 +23,4 @@ pub fn describe() -> String {
 #[wasm_bindgen(js_name = checkCpuKernels)]
 pub fn check_cpu_kernels() -> Result<String, wasm_bindgen::JsError> {
     fornax_cpu::check_levels().map_err(|e| wasm_bindgen::JsError::new(&e))
-}
-
-/// [`describe`] before a model is loaded.
-#[wasm_bindgen(js_name = cpuDevice)]
-pub fn cpu_device() -> String {
-    describe()
 }

@@ -19,7 +19,6 @@ use js_sys::{Function, Promise, Uint32Array};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::{future_to_promise, JsFuture};
 
-use crate::cpu;
 #[cfg(feature = "webgpu")]
 use crate::device::{device, WebBackend};
 
@@ -70,8 +69,6 @@ struct Inner<B: EngineBackend> {
     grammars: OnceCell<GrammarCompiler>,
     /// One sequence at a time; borrowed for the length of a generation.
     kv: RefCell<PagedKv<B>>,
-    /// What computes: the adapter, or the CPU kernels and their threads.
-    device: String,
     summary: String,
     /// Whether the worker's events get a turn between tokens: the CPU path computes
     /// without awaiting anything, so the stop button would otherwise wait for the end.
@@ -113,8 +110,7 @@ impl Session {
                 }
                 let model = Model::from_gguf_with(&file, &device, options, &mut report)
                     .map_err(js_error)?;
-                let inner = Inner::new(&file, model, adapter.describe(), "on the GPU", false)?;
-                Path::WebGpu(Rc::new(inner))
+                Path::WebGpu(Rc::new(Inner::new(&file, model, "on the GPU", false)?))
             }
             "cpu" => {
                 let model = Model::from_gguf_with(
@@ -124,13 +120,7 @@ impl Session {
                     &mut report,
                 )
                 .map_err(js_error)?;
-                Path::Cpu(Rc::new(Inner::new(
-                    &file,
-                    model,
-                    cpu::describe(),
-                    "in memory",
-                    true,
-                )?))
+                Path::Cpu(Rc::new(Inner::new(&file, model, "in memory", true)?))
             }
             other => {
                 return Err(JsError::new(&format!(
@@ -158,12 +148,6 @@ impl Session {
             true => "webgpu, cpu".into(),
             false => "cpu".into(),
         }
-    }
-
-    /// What computes: the adapter (its binding limit and whether it has `shader-f16`), or
-    /// the CPU kernels' SIMD level and threads.
-    pub fn device(&self) -> String {
-        on_path!(&self.path, |inner| inner.device.clone())
     }
 
     /// The model's shape and what it holds.
@@ -211,7 +195,6 @@ impl<B: EngineBackend> Inner<B> {
     fn new(
         file: &GgufFile<'_>,
         model: Model<B>,
-        device: String,
         place: &str,
         yields: bool,
     ) -> Result<Self, JsError> {
@@ -238,7 +221,6 @@ impl<B: EngineBackend> Inner<B> {
             tokenizer: Arc::new(tokenizer),
             grammars: OnceCell::new(),
             kv: RefCell::new(kv),
-            device,
             summary,
             yields,
         })

@@ -29,6 +29,7 @@ async function module(name) {
 }
 
 let session = null;
+let loadedFrom = null; // the module the session came from
 let stopRequested = false;
 let pool = 0; // threads started in pkg-threads (once per worker)
 
@@ -110,6 +111,7 @@ async function load({ url, file, compute, threads }) {
     (done, total) => postMessage({ type: "progress", phase: "load", done, total, label: `tensor ${done} of ${total}` }),
     path,
   );
+  loadedFrom = m;
   postMessage({ type: "loaded", name, path, summary: session.summary(), ms: performance.now() - t0 });
 }
 
@@ -140,11 +142,9 @@ async function generate({ prompt, chat, maxTokens, temperature, seed, schema }) 
 // or the CPU kernels' SIMD level against the portable one.
 async function check() {
   if (!session) throw new Error("load a model first");
-  const path = session.path;
-  if (path === "webgpu") return (await module("pkg")).checkKernels();
-  const m = await module(self.crossOriginIsolated ? "pkg-threads" : "pkg");
+  if (session.path === "webgpu") return loadedFrom.checkKernels();
   try {
-    return `CPU kernels: ${m.checkCpuKernels()}: passed`;
+    return `CPU kernels: ${loadedFrom.checkCpuKernels()}: passed`;
   } catch (e) {
     return `CPU kernels: ${e?.message ?? e}: failed`;
   }
