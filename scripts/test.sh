@@ -122,6 +122,8 @@ family_checkpoints() {
     fi
 }
 phase "the family checkpoints (Llama 3, Qwen2, Qwen3)" family_checkpoints
+# NVRTC, ptxas and the CUDA headers for the CUDA kernel check (tests/tests/e2e/cuda_kernels.rs).
+phase "CUDA tools for the kernel check (NVRTC, ptxas; no GPU)" scripts/cuda-tools.sh
 
 # fornax-web is built for wasm32 and tested in the browser below, not natively. The build
 # also lists each test binary (name, kind, package folder, path) for the phases below.

@@ -2,6 +2,7 @@
 //! turns a user's choice (`wgpu`, `cpu`, `cuda`) into a concrete backend and device,
 //! probing first so a missing driver is one clear sentence, not a panic.
 
+pub mod cuda_check;
 pub mod kernel_cache;
 mod kind;
 mod probe;

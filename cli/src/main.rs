@@ -36,6 +36,9 @@ enum Command {
     Models,
     /// Serve the OpenAI-compatible HTTP API (completions, chat, models, health, metrics).
     Serve(commands::serve::ServeArgs),
+    /// Build every kernel the engine launches for a CUDA target with NVRTC and ptxas (no
+    /// GPU needed) and print each kernel's registers, shared memory, spills and occupancy.
+    Kernels(commands::kernels::KernelsArgs),
     /// Benchmarks (not tests): print measured figures.
     #[command(subcommand)]
     Bench(fornax_bench::BenchCommand),
@@ -79,6 +82,7 @@ fn main() {
         Command::Fetch { alias } => commands::fetch(alias),
         Command::Models => commands::models::run(),
         Command::Serve(a) => commands::serve::run(a),
+        Command::Kernels(a) => commands::kernels::run(a),
         Command::Bench(b) => fornax_bench::run(b),
     };
     if let Err(e) = result {

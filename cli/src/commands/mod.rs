@@ -3,6 +3,7 @@
 
 pub mod generate;
 pub mod info;
+pub mod kernels;
 pub mod models;
 pub mod perplexity;
 pub mod serve;

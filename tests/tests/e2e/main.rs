@@ -7,6 +7,7 @@
 mod common;
 
 mod bad_input;
+mod cuda_kernels;
 mod dequant;
 mod device_counts;
 mod device_sampling;

@@ -1,0 +1,124 @@
+//! The CUDA kernel check, without a GPU: every kernel the engine launches for both real
+//! models (decode at batch 1 and 64, prefill, scoring, sampling; FP32 and tiered KV),
+//! written by CubeCL's CUDA compiler, builds with NVRTC and ptxas for A100 (sm_80) and
+//! H100 (sm_90a); and the check fails, naming the kernel, when a kernel does not build.
+
+use std::sync::OnceLock;
+
+use fornax_backends::cuda_check::{self, CapturedKernel, Target, Toolchain};
+use fornax_engine::gguf::GgufFile;
+
+use crate::common::{gemma_file, model_file};
+
+fn tools() -> Toolchain {
+    Toolchain::find().expect("the CUDA tools (scripts/cuda-tools.sh, run by the test command)")
+}
+
+/// The distinct kernels of both models for `target`, captured once.
+fn kernels(target: Target) -> &'static [CapturedKernel] {
+    static ALL: OnceLock<Vec<Vec<CapturedKernel>>> = OnceLock::new();
+    let all = ALL.get_or_init(|| {
+        Target::ALL
+            .iter()
+            .map(|&t| {
+                let mut kernels: Vec<CapturedKernel> = Vec::new();
+                for file in [model_file(), gemma_file()] {
+                    let gguf = GgufFile::parse(file.bytes()).expect("model");
+                    for k in cuda_check::capture(&gguf, t).expect("the workload") {
+                        if !kernels.iter().any(|o| o.id == k.id) {
+                            kernels.push(k);
+                        }
+                    }
+                }
+                kernels
+            })
+            .collect()
+    });
+    let i = Target::ALL
+        .iter()
+        .position(|&t| t == target)
+        .expect("a target");
+    &all[i]
+}
+
+#[test]
+fn every_kernel_builds_for_a100_and_h100() {
+    let tools = tools();
+    for target in Target::ALL {
+        let kernels = kernels(target);
+        let (rows, errors) = cuda_check::build_all(&tools, kernels, target);
+        let messages: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{}", messages.join("\n\n"));
+        eprintln!(
+            "{} ({}): {} kernels built\n{}",
+            target.gpu_architecture(),
+            target.part,
+            rows.len(),
+            cuda_check::table(&rows)
+        );
+        // Ours and burn's: the paged attention, the quantized products and sampling.
+        for ours in ["paged", "matvec", "sample"] {
+            assert!(
+                rows.iter().any(|r| r.name.contains(ours)),
+                "no kernel named *{ours}* among {:?}",
+                rows.iter().map(|r| &r.name).collect::<Vec<_>>()
+            );
+        }
+        for r in &rows {
+            assert!(
+                r.resources.registers > 0,
+                "{}: no registers reported",
+                r.name
+            );
+            assert!(
+                r.occupancy > 0.0,
+                "{} cannot be resident on {}",
+                r.name,
+                target.part
+            );
+        }
+    }
+}
+
+#[test]
+fn a_broken_kernel_fails_the_check_with_its_name_and_the_compilers_words() {
+    let tools = tools();
+    let target = Target::ALL[1];
+    let good = kernels(target)
+        .iter()
+        .find(|k| k.name.contains("paged"))
+        .expect("a paged attention kernel");
+    assert!(tools.build(good, target).is_ok());
+
+    // An undeclared name in the body: NVRTC refuses it.
+    let mut broken = good.clone();
+    let source = good.source.clone().expect("source");
+    let entry = source.find("__global__").expect("a kernel entry point");
+    let body = entry + source[entry..].find("{\n").expect("a kernel body") + 2;
+    broken.source = Ok(format!(
+        "{}fornax_undeclared += 1;\n{}",
+        &source[..body],
+        &source[body..]
+    ));
+    let e = tools
+        .build(&broken, target)
+        .expect_err("a broken kernel must not build");
+    assert_eq!(e.stage, "NVRTC");
+    let text = e.to_string();
+    assert!(text.contains(&good.name), "{text}");
+    assert!(
+        text.contains("fornax_undeclared") && text.contains("undefined"),
+        "{text}"
+    );
+
+    // PTX that ptxas refuses: more shared memory than an H100 block can have.
+    let mut huge = good.clone();
+    huge.source = Ok(format!(
+        "{source}\nextern \"C\" __global__ void fornax_too_big(float* o) {{ __shared__ float s[80000]; s[threadIdx.x] = 1.0f; o[threadIdx.x] = s[threadIdx.x ^ 1]; }}\n"
+    ));
+    let e = tools
+        .build(&huge, target)
+        .expect_err("too much shared memory must not build");
+    assert!(e.stage == "ptxas" || e.stage == "NVRTC", "{e}");
+    assert!(e.to_string().contains(&good.name), "{e}");
+}
