@@ -1,6 +1,6 @@
 //! The CUDA kernel check without a GPU: the engine runs a workload on a compile-only
-//! CubeCL runtime ([`runtime`]) that writes each launched kernel in CUDA C++ as
-//! `burn-cuda` would; NVRTC and ptxas ([`toolchain`]) then build each for A100 (sm_80)
+//! CubeCL runtime ([`CheckRuntime`]) that writes each launched kernel in CUDA C++ as
+//! `burn-cuda` would; NVRTC and ptxas ([`Toolchain`]) then build each for A100 (sm_80)
 //! and H100 (sm_90a), reporting registers, shared memory and spills.
 
 mod runtime;
@@ -19,8 +19,8 @@ pub use workload::BATCH;
 /// The engine on the compile-only runtime, with `burn-cuda`'s element types.
 pub type CheckBackend = CubeBackend<CheckRuntime, f32, i32, u8>;
 
-/// Every distinct kernel the engine launches for `gguf`'s model ([`workload::run`]),
-/// written in CUDA C++ for `target`.
+/// Every distinct kernel the engine launches for `gguf`'s model (prefill, decode at
+/// batch 1 and [`BATCH`], scoring, sampling), written in CUDA C++ for `target`.
 pub fn capture(gguf: &GgufFile, target: Target) -> anyhow::Result<Vec<CapturedKernel>> {
     runtime::take_captured(target);
     workload::run::<CheckBackend>(gguf, &CheckDevice::new(target))?;

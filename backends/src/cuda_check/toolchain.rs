@@ -133,6 +133,11 @@ impl Toolchain {
         let options = [
             format!("--gpu-architecture={arch}"),
             format!("--include-path={}", self.include().display()),
+            // The toolkit's `include` holds both wheels' headers (`mma.h` includes `crt/`).
+            format!(
+                "--include-path={}",
+                self.root.join("nvidia/cuda_nvcc/include").display()
+            ),
             "-lineinfo".to_string(),
         ];
         let program = nvrtc::create_program(&source, None).map_err(|e| format!("{e:?}"))?;

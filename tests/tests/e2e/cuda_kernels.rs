@@ -1,5 +1,6 @@
 //! The CUDA kernel check, without a GPU: every kernel the engine launches for both real
-//! models (decode at batch 1 and 64, prefill, scoring, sampling; FP32 and tiered KV),
+//! models and the family checkpoints in Q8_0, Q4_K and F32 (decode at batch 1 and 64,
+//! prefill, scoring, sampling),
 //! written by CubeCL's CUDA compiler, builds with NVRTC and ptxas for A100 (sm_80) and
 //! H100 (sm_90a); and the check fails, naming the kernel, when a kernel does not build.
 
@@ -9,12 +10,15 @@ use fornax_backends::cuda_check::{self, CapturedKernel, Target, Toolchain};
 use fornax_engine::gguf::GgufFile;
 
 use crate::common::{gemma_file, model_file};
+use crate::families::checkpoint;
 
 fn tools() -> Toolchain {
     Toolchain::find().expect("the CUDA tools (scripts/cuda-tools.sh, run by the test command)")
 }
 
-/// The distinct kernels of both models for `target`, captured once.
+/// The distinct kernels of every model for `target`, captured once: SmolLM2 (Q4_1),
+/// Gemma 3 (Q4_K, Q6_K; head size 256, windowed layers) and the family checkpoints
+/// (Llama 3 in Q8_0, Qwen2's biases in Q4_K, Qwen3's head norms in F32).
 fn kernels(target: Target) -> &'static [CapturedKernel] {
     static ALL: OnceLock<Vec<Vec<CapturedKernel>>> = OnceLock::new();
     let all = ALL.get_or_init(|| {
@@ -22,7 +26,9 @@ fn kernels(target: Target) -> &'static [CapturedKernel] {
             .iter()
             .map(|&t| {
                 let mut kernels: Vec<CapturedKernel> = Vec::new();
-                for file in [model_file(), gemma_file()] {
+                let families = ["llama3-q8_0", "qwen2-q4_k", "qwen3-f32"].map(checkpoint);
+                let files = [model_file(), gemma_file()].into_iter().chain(&families);
+                for file in files {
                     let gguf = GgufFile::parse(file.bytes()).expect("model");
                     for k in cuda_check::capture(&gguf, t).expect("the workload") {
                         if !kernels.iter().any(|o| o.id == k.id) {
