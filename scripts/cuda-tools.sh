@@ -12,10 +12,6 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${packages[*]}" ]; then
 fi
 echo "cuda-tools: installing ${packages[*]} into $dir" >&2
 rm -rf "$dir"
-pip() {
-    python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --no-deps --target "$dir" "$@" ||
-        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --no-deps --break-system-packages \
-            --target "$dir" "$@"
-}
-pip "${packages[@]}"
+source "$(dirname "$0")/pip-target.sh"
+pip_target "$dir" --no-deps "${packages[@]}"
 echo "${packages[*]}" >"$stamp"

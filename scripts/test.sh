@@ -90,13 +90,9 @@ phase "build fornax (release) and fetch the default model" cargo run --release -
 phase "fetch Gemma 3 270M (its exactness tests)" cargo run --release -q -p fornax -- fetch gemma3-270m
 phase "the README's and docs' commands parse" python3 scripts/check-readme.py target/release/fornax
 
-# `pip install --target` into the cache, so no virtual environment is needed (and, where
-# the system's pip refuses without it, with --break-system-packages).
-pip_into_cache() {
-    python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --target "$FORNAX_PYTHONPATH" "$@" ||
-        python3 -m pip install -q --disable-pip-version-check --no-warn-conflicts --break-system-packages \
-            --target "$FORNAX_PYTHONPATH" "$@"
-}
+# Python packages into the cache (scripts/pip-target.sh).
+source scripts/pip-target.sh
+pip_into_cache() { pip_target "$FORNAX_PYTHONPATH" "$@"; }
 install_python() {
     # The server's and structured outputs' tests, and the family checkpoints' writer
     # (gguf and numpy pinned: the files must be the bytes the references were made from).

@@ -8,7 +8,7 @@ pub mod spec;
 pub mod window;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -53,11 +53,7 @@ impl ModelArgs {
     /// The model path: a file as given, or an alias's file (fetched when missing); the
     /// default model when none is given.
     pub fn path(&self) -> Result<PathBuf> {
-        let name = self.model.as_deref();
-        with_status(|status| match name {
-            Some(name) => store::resolve(name, status),
-            None => store::DEFAULT.ensure(status),
-        })
+        model_path(self.model.as_deref())
     }
 
     /// Runs `task` on the chosen backend, with the CPU thread count asked for (default:
@@ -144,6 +140,15 @@ pub fn load_model<B: EngineBackend>(
     });
     bar.finish_and_clear();
     model.context("cannot load the model")
+}
+
+/// The model `name` stands for: a file as given, or an alias's file (fetched when
+/// missing, with a status line); the default model when `None`.
+pub fn model_path(name: Option<&Path>) -> Result<PathBuf> {
+    with_status(|status| match name {
+        Some(name) => store::resolve(name, status),
+        None => store::DEFAULT.ensure(status),
+    })
 }
 
 /// Runs `fetch` (a model fetch) with its stages shown: a spinner on a terminal, else (logs,

@@ -109,36 +109,38 @@ pub fn occupancy(target: Target, threads: u32, registers: u32, shared: usize) ->
     f64::from(blocks * warps) / f64::from(Target::WARPS_PER_SM)
 }
 
-/// The rows as a Markdown table, one line per distinct entry point and block size (the
+/// The rows as a Markdown table, one line per distinct entry point and figures (the
 /// variants of one kernel that build alike are counted, not repeated).
 pub fn table(rows: &[KernelRow]) -> String {
-    let mut lines: Vec<(String, usize)> = Vec::new();
+    let mut lines: Vec<(&str, String, usize)> = Vec::new();
     for r in rows {
         let spills = r.resources.spill_stores + r.resources.spill_loads;
-        let line = format!(
-            "| `{}` | {} | {} | {} | {} | {:.0}% |",
-            r.name,
+        let figures = format!(
+            "{} | {} | {} | {} | {:.0}%",
             r.threads,
             r.resources.registers,
             r.shared,
             spills,
             r.occupancy * 100.0
         );
-        match lines.iter_mut().find(|(l, _)| *l == line) {
-            Some((_, n)) => *n += 1,
-            None => lines.push((line, 1)),
+        match lines
+            .iter_mut()
+            .find(|(n, f, _)| *n == r.name && *f == figures)
+        {
+            Some((_, _, count)) => *count += 1,
+            None => lines.push((&r.name, figures, 1)),
         }
     }
     let mut out = String::from(
         "| kernel | threads | registers | shared bytes | spill bytes | occupancy |\n|---|---:|---:|---:|---:|---:|\n",
     );
-    for (line, n) in lines {
-        if n > 1 {
-            out += &line.replacen("` |", &format!("` ×{n} |"), 1);
+    for (name, figures, count) in lines {
+        let times = if count > 1 {
+            format!(" ×{count}")
         } else {
-            out += &line;
-        }
-        out.push('\n');
+            String::new()
+        };
+        out += &format!("| `{name}`{times} | {figures} |\n");
     }
     out
 }

@@ -73,10 +73,7 @@ impl CheckDevice {
     }
 
     fn target(&self) -> Target {
-        Target::ALL
-            .into_iter()
-            .find(|t| t.arch == self.arch)
-            .unwrap_or(Target::ALL[1])
+        Target::with_arch(self.arch).unwrap_or(Target::ALL[1])
     }
 }
 

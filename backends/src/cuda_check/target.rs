@@ -61,7 +61,11 @@ impl Target {
 
     /// The target named `sm_80` or `sm_90` (or `80`, `90`).
     pub fn named(name: &str) -> Option<Target> {
-        let arch: u32 = name.trim_start_matches("sm_").parse().ok()?;
+        Self::with_arch(name.trim_start_matches("sm_").parse().ok()?)
+    }
+
+    /// The target of compute capability `arch` (times ten).
+    pub fn with_arch(arch: u32) -> Option<Target> {
         Self::ALL.into_iter().find(|t| t.arch == arch)
     }
 

@@ -2,7 +2,6 @@
 //! as CubeCL's CUDA runtime compiles it, then PTX to machine code with ptxas's
 //! resource report. Neither needs a GPU or a driver.
 
-use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -128,31 +127,19 @@ impl Toolchain {
     }
 
     fn nvrtc_compile(&self, source: &str, arch: &str) -> Result<String, String> {
-        use cudarc::nvrtc::result as nvrtc;
-        let source = CString::new(source).map_err(|e| e.to_string())?;
-        let options = [
-            format!("--gpu-architecture={arch}"),
-            format!("--include-path={}", self.include().display()),
+        use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+        let options = CompileOptions {
+            options: vec![format!("--gpu-architecture={arch}"), "-lineinfo".into()],
             // The toolkit's `include` holds both wheels' headers (`mma.h` includes `crt/`).
-            format!(
-                "--include-path={}",
-                self.root.join("nvidia/cuda_nvcc/include").display()
-            ),
-            "-lineinfo".to_string(),
-        ];
-        let program = nvrtc::create_program(&source, None).map_err(|e| format!("{e:?}"))?;
-        // SAFETY: `program` was just created and is destroyed once, below.
-        unsafe {
-            let compiled = nvrtc::compile_program(program, &options);
-            let out = match compiled {
-                Ok(()) => nvrtc::get_ptx(program)
-                    .map(|p| to_string(&p))
-                    .map_err(|e| format!("{e:?}")),
-                Err(_) => Err(nvrtc::get_program_log(program)
-                    .map_or_else(|e| format!("{e:?}"), |log| to_string(&log))),
-            };
-            let _ = nvrtc::destroy_program(program);
-            out
+            include_paths: [self.include(), self.root.join("nvidia/cuda_nvcc/include")]
+                .map(|p| p.display().to_string())
+                .into(),
+            ..Default::default()
+        };
+        match compile_ptx_with_opts(source, options) {
+            Ok(ptx) => Ok(ptx.to_src()),
+            Err(CompileError::CompileError { log, .. }) => Err(log.to_string_lossy().into_owned()),
+            Err(e) => Err(format!("{e:?}")),
         }
     }
 
@@ -182,16 +169,6 @@ impl Toolchain {
             Err(text)
         }
     }
-}
-
-/// A C string buffer (NVRTC's log or PTX) as text, up to its terminating NUL.
-fn to_string(chars: &[std::ffi::c_char]) -> String {
-    let bytes: Vec<u8> = chars
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The numbers in ptxas's `-v` report ("Used 40 registers, 2048 bytes smem", "0 bytes

@@ -9,7 +9,7 @@ use clap::Args;
 use fornax_backends::cuda_check::{self, Target, Toolchain};
 use fornax_engine::store;
 
-use fornax_options::{parse, with_status};
+use fornax_options::{model_path, parse};
 
 #[derive(Args, Debug)]
 pub struct KernelsArgs {
@@ -29,10 +29,7 @@ pub fn run(args: KernelsArgs) -> Result<()> {
         bail!("unknown target {:?} (choose sm_80 or sm_90)", args.target);
     };
     let tools = Toolchain::find()?;
-    let path = with_status(|status| match args.model.as_deref() {
-        Some(name) => store::resolve(name, status),
-        None => store::DEFAULT.ensure(status),
-    })?;
+    let path = model_path(args.model.as_deref())?;
     let file = store::ModelFile::open(&path)?;
     let gguf = parse(&file)?;
     let kernels = cuda_check::capture(&gguf, target)?;
