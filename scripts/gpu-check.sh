@@ -5,10 +5,12 @@
 # - greedy tokens of the reference prompts against the float reference (through the paged
 #   KV cache, our attention kernels and the fused layers);
 # - `bench single`: the fused kernels, the same quantized weights operation by operation
-#   and FP32 weights side by side, with dispatches and syncs per decoded token;
-# - the aggregate decode rate of 64 sequences (`bench case`, fused and `--reference-ops`);
-# - perplexity of the reference text over the paged cache, the contiguous cache, FP32
-#   weights (`--dequantize`) and `--reference-ops`;
+#   and FP32 weights side by side, with dispatches and syncs per decoded token, in FP16
+#   (`--dtype auto`, CUDA's default) and in FP32;
+# - the aggregate decode rate of 64 sequences (`bench case`: fused in FP16 and in FP32,
+#   and `--reference-ops`);
+# - perplexity of the reference text over the paged cache in FP16 and in FP32, the
+#   contiguous cache, FP32 weights (`--dequantize`) and `--reference-ops`;
 # - `bench kv`, `bench load` and `bench table` (before/after at GPU sizes, plots in
 #   OUT_DIR/bench);
 # - outside the budget, the kernel table: every CUDA kernel the steps compiled (cubecl logs
@@ -84,12 +86,18 @@ m=(--backend "$backend" --model "$model")
 step info 120 "$bin" info "${m[@]}"
 step greedy 180 bash -c greedy
 step bench_single 180 "$bin" bench single "${m[@]}" --prompt-tokens 128 --gen-tokens 64 --runs 5
+step bench_single_fp32 120 "$bin" bench single "${m[@]}" --prompt-tokens 128 --gen-tokens 64 \
+    --runs 5 --dtype f32
 step case_64_fused 120 "$bin" bench case "${m[@]}" --prompt-tokens 128 --gen-tokens 64 --sequences 64
+step case_64_fp32 120 "$bin" bench case "${m[@]}" --prompt-tokens 128 --gen-tokens 64 \
+    --sequences 64 --dtype f32
 step case_64_reference 120 "$bin" bench case "${m[@]}" --prompt-tokens 128 --gen-tokens 64 \
     --sequences 64 --reference-ops
 step perplexity 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}"
+step perplexity_fp32 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}" --dtype f32
 step perplexity_contiguous 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}" --contiguous-kv
-step perplexity_fp32 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}" --dequantize
+step perplexity_fp32_weights 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}" --dequantize \
+    --dtype f32
 step perplexity_reference 90 "$bin" perplexity "$ref/ppl_text.txt" "${m[@]}" --reference-ops
 step bench_kv 90 "$bin" bench kv "${m[@]}" --text "$ref/ppl_text.txt" --steps 32
 step bench_load 120 "$bin" bench load "${m[@]}" --text "$ref/ppl_text.txt" --requests 64

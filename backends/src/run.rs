@@ -3,12 +3,12 @@
 use burn_wgpu::{graphics::Vulkan, init_setup, RuntimeOptions, WgpuDevice};
 use fornax_engine::EngineBackend;
 
-use crate::{probe_wgpu, BackendError, BackendKind};
+use crate::{dtype, probe_wgpu, BackendError, BackendKind, Dtype};
 
-/// The wgpu backend in f32.
+/// The wgpu backend (FP32 unless its device is given another float type: [`run_on_with`]).
 pub type WgpuBackend = burn_wgpu::Wgpu<f32, i32>;
 pub use fornax_engine::CpuBackend;
-/// The CUDA backend in f32.
+/// The CUDA backend (FP32 unless its device is given another float type).
 #[cfg(feature = "cuda")]
 pub type CudaBackend = burn_cuda::Cuda<f32, i32>;
 
@@ -19,6 +19,18 @@ pub struct DeviceInfo {
     pub kind: BackendKind,
     /// Human-readable device or adapter name.
     pub adapter: String,
+    /// The activations' float type ([`Dtype::resolve`]d).
+    pub dtype: Dtype,
+}
+
+impl DeviceInfo {
+    fn new(kind: BackendKind, adapter: String, dtype: Dtype) -> Self {
+        Self {
+            kind,
+            adapter,
+            dtype,
+        }
+    }
 }
 
 /// Work that is generic over the backend; [`run_on`] picks the concrete one.
@@ -72,9 +84,20 @@ pub fn set_cpu_threads(n: usize) -> Result<(), BackendError> {
     Ok(fornax_cpu::set_threads(n)?)
 }
 
-/// Runs `task` on the chosen backend, or says why that backend cannot be used.
+/// Runs `task` on the chosen backend in FP32, or says why that backend cannot be used.
 pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, BackendError> {
+    run_on_with(kind, Dtype::F32, task)
+}
+
+/// Runs `task` on the chosen backend computing in `dtype`, or says why that backend
+/// cannot be used so.
+pub fn run_on_with<T: BackendTask>(
+    kind: BackendKind,
+    dtype: Dtype,
+    task: T,
+) -> Result<T::Output, BackendError> {
     let kind = kind.resolve();
+    let dtype = dtype.resolve(kind);
     match kind {
         BackendKind::Auto => unreachable!("resolved above"),
         BackendKind::Wgpu => {
@@ -82,7 +105,7 @@ pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, B
             if device == WgpuDevice::Cpu {
                 crate::yield_to_device::lower_this_thread();
             }
-            Ok(task.run::<WgpuBackend>(device, DeviceInfo { kind, adapter }))
+            start::<WgpuBackend, T>(task, device, DeviceInfo::new(kind, adapter, dtype))
         }
         BackendKind::Cpu => {
             let adapter = format!(
@@ -90,7 +113,8 @@ pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, B
                 fornax_cpu::SimdLevel::best().name(),
                 fornax_cpu::threads()
             );
-            Ok(task.run::<CpuBackend>(Default::default(), DeviceInfo { kind, adapter }))
+            let info = DeviceInfo::new(kind, adapter, dtype);
+            start::<CpuBackend, T>(task, Default::default(), info)
         }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
@@ -99,9 +123,19 @@ pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, B
             }
             let device = burn_cuda::CudaDevice::new(0);
             let adapter = "CUDA device 0".to_string();
-            Ok(task.run::<CudaBackend>(device, DeviceInfo { kind, adapter }))
+            start::<CudaBackend, T>(task, device, DeviceInfo::new(kind, adapter, dtype))
         }
         #[cfg(not(feature = "cuda"))]
         BackendKind::Cuda => Err(BackendError::CudaNotBuilt),
     }
+}
+
+/// Gives `device` the float type `info.dtype` and runs `task` there.
+fn start<B: EngineBackend, T: BackendTask>(
+    task: T,
+    device: B::Device,
+    info: DeviceInfo,
+) -> Result<T::Output, BackendError> {
+    dtype::set_on::<B>(&device, info.kind, info.dtype)?;
+    Ok(task.run::<B>(device, info))
 }

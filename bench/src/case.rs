@@ -95,6 +95,7 @@ impl BackendTask for Case<'_> {
             "engine": "fornax",
             "backend": info.kind.to_string(),
             "adapter": info.adapter,
+            "dtype": info.dtype.to_string(),
             "prompt_tokens": self.prompt.len(),
             "gen_tokens": a.gen_tokens,
             "sequences": a.sequences,

@@ -343,7 +343,10 @@ impl BackendTask for KvBench<'_> {
         let a = self.args;
         let model = load_model::<B>(self.gguf, &device, a.model.load_options())?;
         let dims = model.kv_dims();
-        println!("backend: {} | adapter: {}", info.kind, info.adapter);
+        println!(
+            "backend: {} | adapter: {} | dtype: {}",
+            info.kind, info.adapter, info.dtype
+        );
         println!(
             "model KV: {} layers x {} kv heads x {} dims; block = {BLOCK_TOKENS} tokens",
             dims.n_layers, dims.n_kv_heads, dims.head_dim

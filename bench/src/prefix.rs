@@ -378,7 +378,10 @@ impl BackendTask for PrefixBench<'_> {
             })
             .collect();
         let user_text = &text[..text.len() - a.system_tokens * a.system_prompts];
-        println!("backend: {} | adapter: {}", info.kind, info.adapter);
+        println!(
+            "backend: {} | adapter: {} | dtype: {}",
+            info.kind, info.adapter, info.dtype
+        );
         println!(
             "workload: per batch size B, B conversations over {} system prompts of {} tokens, {} turns of {} user tokens and {} reply tokens; KV pool {} MiB",
             a.system_prompts, a.system_tokens, a.turns, a.user_tokens, a.output_tokens, a.kv.kv_memory

@@ -149,7 +149,10 @@ impl BackendTask for Single<'_> {
             },
         )?);
 
-        println!("backend: {} | adapter: {}", info.kind, info.adapter);
+        println!(
+            "backend: {} | adapter: {} | dtype: {}",
+            info.kind, info.adapter, info.dtype
+        );
         println!(
             "model file: {} | prompt {} tokens, {} decoded tokens, median of {} runs",
             mb(self.file_bytes as u64),

@@ -286,7 +286,10 @@ impl BackendTask for SpecBench<'_> {
             .iter()
             .map(|c| self.prompt(c))
             .collect::<Result<_>>()?;
-        println!("backend: {} | adapter: {}", info.kind, info.adapter);
+        println!(
+            "backend: {} | adapter: {} | dtype: {}",
+            info.kind, info.adapter, info.dtype
+        );
         println!(
             "{} tokens per case, greedy, {} sequence(s) per case in one batch, up to {} drafted per step, self-draft of {} of {} layers, {} runs (the settings take turns step by step)",
             a.gen_tokens, a.sequences, a.spec_tokens, a.spec_draft_layers, model.config.n_layers, a.runs

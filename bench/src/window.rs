@@ -65,7 +65,10 @@ impl BackendTask for WindowBench<'_> {
         let model = load_model::<B>(self.load.gguf, &device, l.model.load_options())?;
         let text = read_text(&l.text, self.load.gguf)?;
         let w = l.sched.elastic.elastic();
-        println!("backend: {} | adapter: {}", info.kind, info.adapter);
+        println!(
+            "backend: {} | adapter: {} | dtype: {}",
+            info.kind, info.adapter, info.dtype
+        );
         println!(
             "elastic window: W = min(L_max, {} sqrt(B) + {}), L_max {}, {} sink block(s) of 32 tokens",
             w.a,

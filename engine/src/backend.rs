@@ -1,7 +1,8 @@
 //! What the engine needs from a burn backend beyond burn's own operations.
 
 use burn_cubecl::{BoolElement, CubeBackend, CubeRuntime, FloatElement, IntElement};
-use burn_tensor::backend::Backend;
+use burn_tensor::backend::{get_device_settings, Backend};
+use burn_tensor::DType;
 
 use crate::kv::PagedAttentionOps;
 use crate::model::{FusedOps, LayerOps};
@@ -13,6 +14,13 @@ use crate::sampling::SamplingOps;
 /// tiers store 32-bit words, which burn's default 64-bit integers would take twice the
 /// bytes for (the pool took 1.5 times its `--kv-memory`).
 pub type CpuBackend = burn_ndarray::NdArray<f32, i32>;
+
+/// The activations' float type on `device`: what new float tensors are made as (FP32
+/// unless the device was given another, `--dtype`). The residual stream, weights' scales,
+/// norms' weights, RoPE's table, the KV cache and the logits stay FP32 whatever it is.
+pub fn activation_dtype<B: Backend>(device: &B::Device) -> DType {
+    get_device_settings::<B>(device).float_dtype.into()
+}
 
 /// Device memory held by the backend's allocator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fornax_backends::{BackendKind, BackendTask};
+use fornax_backends::{BackendKind, BackendTask, Dtype};
 use fornax_engine::gguf::GgufFile;
 use fornax_engine::model::{LoadOptions, Model};
 use fornax_engine::store::{self, ModelFile};
@@ -30,6 +30,11 @@ pub struct ModelArgs {
     /// Compute backend: auto (CUDA, else a GPU through wgpu, else CPU), wgpu, cpu or cuda.
     #[arg(long, default_value = "auto")]
     pub backend: BackendKind,
+    /// The activations' float type: auto (f16 on CUDA, else f32), f32, f16 (CUDA; wgpu
+    /// adapters with shader-f16) or bf16 (CUDA). Products, sums, attention, norms'
+    /// statistics and logits stay FP32.
+    #[arg(long, default_value = "auto")]
+    pub dtype: Dtype,
     /// Dequantize every weight to FP32 at load (the reference path), even where the
     /// backend has kernels for quantized weights.
     #[arg(long)]
@@ -61,7 +66,11 @@ impl ModelArgs {
     pub fn run_on<T: BackendTask>(&self, task: T) -> Result<T::Output> {
         fornax_backends::set_cpu_threads(self.cpu_threads())?;
         fornax_backends::tile_many_tokens_everywhere(self.tiled_products);
-        Ok(fornax_backends::run_on(self.backend, task)?)
+        Ok(fornax_backends::run_on_with(
+            self.backend,
+            self.dtype,
+            task,
+        )?)
     }
 
     /// The CPU thread count asked for, else the available parallelism.

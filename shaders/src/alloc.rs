@@ -22,8 +22,8 @@ pub(crate) fn output_like<R: CubeRuntime>(q: &CubeTensor<R>) -> CubeTensor<R> {
     empty_on(q, q.meta.shape().clone(), q.dtype)
 }
 
-/// A one-element placeholder of `like`'s dtype for an array a kernel variant does not
-/// read.
+/// A one-element FP32 placeholder on `like`'s device for an array a kernel variant does
+/// not read.
 pub(crate) fn placeholder<R: CubeRuntime>(like: &CubeTensor<R>) -> CubeTensor<R> {
-    empty_on(like, [1], like.dtype)
+    empty_on(like, [1], DType::F32)
 }

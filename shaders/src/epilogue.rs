@@ -5,7 +5,11 @@
 //! An epilogue takes the product's values two adjacent rows at a time (`row` even, `row +
 //! 1`), which is what RoPE (rotated pairs are adjacent dimensions) and SwiGLU (gate and up
 //! rows interleaved at load) need. Every epilogue binds the same arrays, `aux_a`, `aux_b`,
-//! `info` and `table` and three sizes (`q_width`, `kv_width`, `head_dim`); a mode that does not use one gets a one-element placeholder.
+//! `info` and `table` and three sizes (`q_width`, `kv_width`, `head_dim`); a mode that does
+//! not use one gets a one-element placeholder.
+//!
+//! Values arrive as FP32 sums and are written as `out`'s float type `O` (FP32, FP16 or
+//! BF16). `aux_a`, `aux_b` (the residual stream, the KV arenas) and `table` are FP32.
 
 use cubecl::prelude::*;
 
@@ -37,8 +41,8 @@ pub const fn out_width(mode: u32, rows: usize, q_width: usize) -> usize {
 /// and residual outputs of odd height) of token `t`, whose products are `a` and `b`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub fn finish_pair(
-    out: &mut Array<f32>,
+pub fn finish_pair<O: Float>(
+    out: &mut Array<O>,
     aux_a: &mut Array<f32>,
     aux_b: &mut Array<f32>,
     info: &Array<u32>,
@@ -55,20 +59,20 @@ pub fn finish_pair(
 ) {
     let second = row + 1 < rows;
     if comptime!(mode == STORE) {
-        out[t * rows + row] = a;
+        out[t * rows + row] = O::cast_from(a);
         if second {
-            out[t * rows + row + 1] = b;
+            out[t * rows + row + 1] = O::cast_from(b);
         }
     } else if comptime!(mode == RESIDUAL) {
         let at = t * rows + row;
-        out[at] = a + aux_a[at];
+        out[at] = O::cast_from(a + aux_a[at]);
         if second {
-            out[at + 1] = b + aux_a[at + 1];
+            out[at + 1] = O::cast_from(b + aux_a[at + 1]);
         }
     } else if comptime!(mode == SWIGLU) {
-        out[t * (rows / 2) + row / 2] = a / (1.0 + f32::exp(-a)) * b;
+        out[t * (rows / 2) + row / 2] = O::cast_from(a / (1.0 + f32::exp(-a)) * b);
     } else if comptime!(mode == GEGLU) {
-        out[t * (rows / 2) + row / 2] = gelu_tanh(a) * b;
+        out[t * (rows / 2) + row / 2] = O::cast_from(gelu_tanh(a) * b);
     } else {
         let q_width = q_width as usize;
         let kv_width = kv_width as usize;
@@ -82,8 +86,8 @@ pub fn finish_pair(
             let ra = a * c - b * s;
             let rb = a * s + b * c;
             if row < q_width {
-                out[t * q_width + row] = ra;
-                out[t * q_width + row + 1] = rb;
+                out[t * q_width + row] = O::cast_from(ra);
+                out[t * q_width + row + 1] = O::cast_from(rb);
             } else {
                 let at = slot_row * kv_width + row - q_width;
                 aux_a[at] = ra;
@@ -102,9 +106,9 @@ pub fn finish_pair(
 #[cube(launch)]
 // CubeCL expands operators, not `div_ceil`.
 #[allow(clippy::too_many_arguments, clippy::manual_div_ceil)]
-pub fn finish_product(
-    product: &Array<f32>,
-    out: &mut Array<f32>,
+pub fn finish_product<P: Float, O: Float>(
+    product: &Array<P>,
+    out: &mut Array<O>,
     aux_a: &mut Array<f32>,
     aux_b: &mut Array<f32>,
     info: &Array<u32>,
@@ -122,10 +126,10 @@ pub fn finish_product(
     if i < pairs * n_tokens as usize {
         let t = i / pairs;
         let row = 2 * (i % pairs);
-        let a = product[t * rows + row];
+        let a = f32::cast_from(product[t * rows + row]);
         let mut b = f32::new(0.0);
         if row + 1 < rows {
-            b = product[t * rows + row + 1];
+            b = f32::cast_from(product[t * rows + row + 1]);
         }
         finish_pair(
             out, aux_a, aux_b, info, table, t, row, rows, a, b, q_width, kv_width, head_dim, mode,

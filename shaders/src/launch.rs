@@ -4,6 +4,7 @@ use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
 use crate::alloc::output_like;
+use crate::float::with_float;
 use crate::paged_attention::{
     paged_decode, paged_decode_unit_keys, paged_prefill, F32Rows, F32RowsLaunch, TierArenas,
     TierArenasLaunch, BLOCK_TOKENS, UNIT_KEYS_UNITS,
@@ -59,15 +60,15 @@ pub enum KvArenas<R: CubeRuntime> {
     },
 }
 
-/// Launches `$kernel` with the K/V binding `$kv` holds, between the arguments before
-/// and after K and V (the same for both bindings).
+/// Launches `$kernel` for queries and output of type `$F` with the K/V binding `$kv`
+/// holds, between the arguments before and after K and V (the same for both bindings).
 macro_rules! launch_over {
-    ($kernel:ident, $kv:expr, ($($pre:expr),*), ($($post:expr),*)) => {
+    ($kernel:ident, $F:ty, $kv:expr, ($($pre:expr),*), ($($post:expr),*)) => {
         match $kv {
-            KvArenas::Tiers { keys, values } => $kernel::launch::<TierArenas, R>(
+            KvArenas::Tiers { keys, values } => $kernel::launch::<$F, TierArenas, R>(
                 $($pre,)* keys.into_arg(), values.into_arg(), $($post),*
             ),
-            KvArenas::F32 { keys, values } => $kernel::launch::<F32Rows, R>(
+            KvArenas::F32 { keys, values } => $kernel::launch::<$F, F32Rows, R>(
                 $($pre,)*
                 F32RowsLaunch::new(into_contiguous(keys).into_array_arg()),
                 F32RowsLaunch::new(into_contiguous(values).into_array_arg()),
@@ -165,12 +166,14 @@ pub fn decode<R: CubeRuntime>(
         shape.n_kv_heads as u32,
         shape.scale(),
     );
+    let dtype = q.dtype;
     let (q_arg, out_arg) = (q.into_array_arg(), out.clone().into_array_arg());
     // The two kernels take the same arguments.
     macro_rules! decode_with {
-        ($kernel:ident) => {
+        ($kernel:ident, $F:ty) => {
             launch_over!(
                 $kernel,
+                $F,
                 kv,
                 (&client, count, dim, q_arg),
                 (
@@ -188,10 +191,10 @@ pub fn decode<R: CubeRuntime>(
             )
         };
     }
-    match kernel {
-        DecodeKernel::Tiles => decode_with!(paged_decode),
-        DecodeKernel::UnitKeys => decode_with!(paged_decode_unit_keys),
-    }
+    with_float!(dtype, F => match kernel {
+        DecodeKernel::Tiles => decode_with!(paged_decode, F),
+        DecodeKernel::UnitKeys => decode_with!(paged_decode_unit_keys, F),
+    });
     out
 }
 
@@ -220,9 +223,11 @@ pub fn prefill<R: CubeRuntime>(
         shape.n_kv_heads as u32,
         shape.scale(),
     );
+    let dtype = q.dtype;
     let (q_arg, out_arg) = (q.into_array_arg(), out.clone().into_array_arg());
-    launch_over!(
+    with_float!(dtype, F => launch_over!(
         paged_prefill,
+        F,
         kv,
         (&client, count, dim, q_arg),
         (
@@ -236,6 +241,6 @@ pub fn prefill<R: CubeRuntime>(
             shape.head_dim,
             shape.group()
         )
-    );
+    ));
     out
 }

@@ -1,38 +1,46 @@
 //! Launching the layer kernels ([`crate::layer_ops`]) on burn's CubeCL backends from burn
-//! tensors (FP32).
+//! tensors. Inputs may be FP32, FP16 or BF16 and the normed outputs any of them (the
+//! `out` dtype the caller asks); weights, tables and the residual stream are FP32.
 
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
+use burn_backend::DType;
+
 use crate::alloc::{empty_on, output_like, placeholder};
+use crate::float::{in_dtype, with_float, with_floats};
 use crate::layer_ops::{norm_residual as norm_residual_kernel, qkv_heads as qkv_heads_kernel};
 use crate::layer_ops::{rms_norm as rms_norm_kernel, swiglu as swiglu_kernel};
 use crate::layer_ops::{ELEMENT_UNITS, NORM_UNITS};
 use crate::quant_launch::RopeKv;
 
-/// RMSNorm of each row of `x` `[rows, d]` with `weight` `[d]`: one launch.
+/// RMSNorm of each row of `x` `[rows, d]` with `weight` `[d]`, written as `out`: one
+/// launch.
 pub fn rms_norm<R: CubeRuntime>(
     x: CubeTensor<R>,
     weight: CubeTensor<R>,
     eps: f32,
+    out: DType,
 ) -> CubeTensor<R> {
     let x = into_contiguous(x);
     let shape = x.meta.shape().clone();
     let (rows, d) = (shape[0], shape[1]);
-    let out = output_like(&x);
+    let dtype = x.dtype;
+    let out = empty_on(&x, shape, out);
     if rows == 0 {
         return out;
     }
-    rms_norm_kernel::launch::<R>(
+    let weight = weights(weight);
+    with_floats!(dtype, out.dtype, X, O => rms_norm_kernel::launch::<X, O, R>(
         &x.client.clone(),
         CubeCount::Static(rows as u32, 1, 1),
         CubeDim::new_1d(NORM_UNITS as u32),
         x.into_array_arg(),
-        into_contiguous(weight).into_array_arg(),
+        weight.into_array_arg(),
         out.clone().into_array_arg(),
         d as u32,
         eps,
-    );
+    ));
     out
 }
 
@@ -44,15 +52,17 @@ pub fn swiglu<R: CubeRuntime>(gate: CubeTensor<R>, up: CubeTensor<R>) -> CubeTen
     if n == 0 {
         return out;
     }
-    swiglu_kernel::launch::<R>(
+    let dtype = gate.dtype;
+    let up = in_dtype(into_contiguous(up), dtype);
+    with_float!(dtype, F => swiglu_kernel::launch::<F, R>(
         &gate.client.clone(),
         CubeCount::Static(n.div_ceil(ELEMENT_UNITS) as u32, 1, 1),
         CubeDim::new_1d(ELEMENT_UNITS as u32),
         gate.into_array_arg(),
-        into_contiguous(up).into_array_arg(),
+        up.into_array_arg(),
         out.clone().into_array_arg(),
         n as u32,
-    );
+    ));
     out
 }
 
@@ -70,28 +80,30 @@ pub struct HeadWork<R: CubeRuntime> {
     pub neox: bool,
 }
 
-/// Q with RoPE from `qkv` `[tokens, q_width + 2 kv_width]` (`[q | k | v]`), the head
-/// norms applied first where `work` has them; K with RoPE and V written into the arenas
-/// of `to` (whose `table` is laid out for both pairings alike). One launch, a cube per
-/// head and token.
+/// Q with RoPE from `qkv` `[tokens, q_width + 2 kv_width]` (`[q | k | v]`), written as
+/// `out`, the head norms applied first where `work` has them; K with RoPE and V written
+/// into the (FP32) arenas of `to` (whose `table` is laid out for both pairings alike). One
+/// launch, a cube per head and token.
 pub fn qkv_heads<R: CubeRuntime>(
     qkv: CubeTensor<R>,
     to: RopeKv<R>,
     work: HeadWork<R>,
+    out: DType,
 ) -> CubeTensor<R> {
     let qkv = into_contiguous(qkv);
     let tokens = qkv.meta.shape()[0];
-    let out = empty_on(&qkv, [tokens, to.q_width], qkv.dtype);
+    let out = empty_on(&qkv, [tokens, to.q_width], out);
     if tokens == 0 {
         return out;
     }
     let (heads, kv_heads) = (to.q_width / to.head_dim, to.kv_width / to.head_dim);
     let normed = work.norms.is_some();
     let (q_norm, k_norm, eps) = match work.norms {
-        Some((q, k)) => (into_contiguous(q.weight), into_contiguous(k.weight), q.eps),
+        Some((q, k)) => (weights(q.weight), weights(k.weight), q.eps),
         None => (placeholder(&qkv), placeholder(&qkv), 0.0),
     };
-    qkv_heads_kernel::launch::<R>(
+    let table = weights(to.table);
+    with_floats!(qkv.dtype, out.dtype, X, O => qkv_heads_kernel::launch::<X, O, R>(
         &qkv.client.clone(),
         CubeCount::Static((heads + kv_heads) as u32, tokens as u32, 1),
         CubeDim::new_1d(NORM_UNITS as u32),
@@ -102,42 +114,45 @@ pub fn qkv_heads<R: CubeRuntime>(
         to.keys.into_array_arg(),
         to.values.into_array_arg(),
         into_contiguous(to.info).into_array_arg(),
-        into_contiguous(to.table).into_array_arg(),
+        table.into_array_arg(),
         heads as u32,
         kv_heads as u32,
         to.head_dim as u32,
         eps,
         normed,
         work.neox,
-    );
+    ));
     out
 }
 
-/// `h = residual + rms(a) * post` over each row of `a` `[rows, d]`, and with `next` also
-/// `rms(h) * next`: one launch.
+/// `h = residual + rms(a) * post` over each row of `a` `[rows, d]` (the residual stream,
+/// FP32), and with `next` also `rms(h) * next`, written as `out`: one launch.
 pub fn norm_residual<R: CubeRuntime>(
     a: CubeTensor<R>,
     post: Norm<R>,
     residual: CubeTensor<R>,
     next: Option<Norm<R>>,
+    out: DType,
 ) -> (CubeTensor<R>, Option<CubeTensor<R>>) {
     let a = into_contiguous(a);
     let shape = a.meta.shape().clone();
     let (rows, d) = (shape[0], shape[1]);
-    let h = output_like(&a);
+    let h = empty_on(&a, shape.clone(), DType::F32);
     let then_norm = next.is_some();
     let (n, next_weight, next_eps) = match next {
-        Some(norm) => (output_like(&a), into_contiguous(norm.weight), norm.eps),
-        None => (placeholder(&a), placeholder(&a), 0.0),
+        Some(norm) => (empty_on(&a, shape, out), weights(norm.weight), norm.eps),
+        None => (empty_on(&a, [1], out), placeholder(&a), 0.0),
     };
     if rows > 0 {
-        norm_residual_kernel::launch::<R>(
+        let residual = in_dtype(into_contiguous(residual), DType::F32);
+        let post_weight = weights(post.weight);
+        with_floats!(a.dtype, n.dtype, X, O => norm_residual_kernel::launch::<X, O, R>(
             &a.client.clone(),
             CubeCount::Static(rows as u32, 1, 1),
             CubeDim::new_1d(NORM_UNITS as u32),
             a.into_array_arg(),
-            into_contiguous(residual).into_array_arg(),
-            into_contiguous(post.weight).into_array_arg(),
+            residual.into_array_arg(),
+            post_weight.into_array_arg(),
             next_weight.into_array_arg(),
             h.clone().into_array_arg(),
             n.clone().into_array_arg(),
@@ -145,7 +160,12 @@ pub fn norm_residual<R: CubeRuntime>(
             post.eps,
             next_eps,
             then_norm,
-        );
+        ));
     }
     (h, then_norm.then_some(n))
+}
+
+/// A weight or table as the kernels read it: FP32.
+fn weights<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    in_dtype(into_contiguous(t), DType::F32)
 }

@@ -1,7 +1,9 @@
 //! A layer's element-wise parts as single kernels: RMSNorm (burn runs six operations),
 //! SwiGLU's gate `silu(gate) * up` (burn runs four or more), and for blocks the product
 //! epilogues cannot finish (Gemma's) the per-head norms with RoPE and the KV write, and a
-//! norm of a block's output with its residual add and the next norm.
+//! norm of a block's output with its residual add and the next norm. Inputs have the float
+//! type `X` and the normed outputs `O`; weights, tables, the residual stream and the KV
+//! arenas are FP32, as are sums and statistics.
 
 use cubecl::prelude::*;
 
@@ -35,8 +37,8 @@ pub fn cube_sum(
 /// `1 / sqrt(mean(x[base..base + n]^2) + eps)`, the units of the cube striding the
 /// slice and meeting in `partial` (`NORM_UNITS` long). Every unit gets it.
 #[cube]
-pub fn inverse_rms(
-    x: &Array<f32>,
+pub fn inverse_rms<F: Float>(
+    x: &Array<F>,
     base: usize,
     n: usize,
     eps: f32,
@@ -46,7 +48,7 @@ pub fn inverse_rms(
     let mut sum = 0.0;
     let mut i = unit;
     while i < n {
-        let v = x[base + i];
+        let v = f32::cast_from(x[base + i]);
         sum += v * v;
         i += NORM_UNITS;
     }
@@ -58,7 +60,13 @@ pub fn inverse_rms(
 /// `out = x / sqrt(mean(x^2) + eps) * weight`. The units stride the row and meet in
 /// workgroup memory to sum the squares.
 #[cube(launch)]
-pub fn rms_norm(x: &Array<f32>, weight: &Array<f32>, out: &mut Array<f32>, d: u32, eps: f32) {
+pub fn rms_norm<X: Float, O: Float>(
+    x: &Array<X>,
+    weight: &Array<f32>,
+    out: &mut Array<O>,
+    d: u32,
+    eps: f32,
+) {
     let row = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
     let n = d as usize;
@@ -67,18 +75,18 @@ pub fn rms_norm(x: &Array<f32>, weight: &Array<f32>, out: &mut Array<f32>, d: u3
     let inv = inverse_rms(x, base, n, eps, &mut partial, unit);
     let mut i = unit;
     while i < n {
-        out[base + i] = x[base + i] * inv * weight[i];
+        out[base + i] = O::cast_from(f32::cast_from(x[base + i]) * inv * weight[i]);
         i += NORM_UNITS;
     }
 }
 
 /// `out[i] = silu(gate[i]) * up[i]` for `i < n`.
 #[cube(launch)]
-pub fn swiglu(gate: &Array<f32>, up: &Array<f32>, out: &mut Array<f32>, n: u32) {
+pub fn swiglu<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, n: u32) {
     let i = ABSOLUTE_POS;
     if i < n as usize {
-        let g = gate[i];
-        out[i] = g / (1.0 + f32::exp(-g)) * up[i];
+        let g = f32::cast_from(gate[i]);
+        out[i] = F::cast_from(g / (1.0 + f32::exp(-g)) * f32::cast_from(up[i]));
     }
 }
 
@@ -91,11 +99,11 @@ pub fn swiglu(gate: &Array<f32>, up: &Array<f32>, out: &mut Array<f32>, n: u32) 
 /// `keys` at row `info[2 t + 1]`, and its value head, as it is, to `values`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn qkv_heads(
-    qkv: &Array<f32>,
+pub fn qkv_heads<X: Float, O: Float>(
+    qkv: &Array<X>,
     q_norm: &Array<f32>,
     k_norm: &Array<f32>,
-    out: &mut Array<f32>,
+    out: &mut Array<O>,
     keys: &mut Array<f32>,
     values: &mut Array<f32>,
     info: &Array<u32>,
@@ -133,8 +141,8 @@ pub fn qkv_heads(
             ia = j;
             ib = j + half;
         }
-        let mut a = qkv[src + ia] * scale;
-        let mut b = qkv[src + ib] * scale;
+        let mut a = f32::cast_from(qkv[src + ia]) * scale;
+        let mut b = f32::cast_from(qkv[src + ib]) * scale;
         if comptime!(normed) {
             if is_query {
                 a *= q_norm[ia];
@@ -149,8 +157,8 @@ pub fn qkv_heads(
         let ra = a * c - b * s;
         let rb = a * s + b * c;
         if is_query {
-            out[t * q_width + head * hd + ia] = ra;
-            out[t * q_width + head * hd + ib] = rb;
+            out[t * q_width + head * hd + ia] = O::cast_from(ra);
+            out[t * q_width + head * hd + ib] = O::cast_from(rb);
         } else {
             keys[slot * kv_width + kv_head * hd + ia] = ra;
             keys[slot * kv_width + kv_head * hd + ib] = rb;
@@ -161,7 +169,7 @@ pub fn qkv_heads(
         // The value head lies a K's width after its key head.
         let mut i = unit;
         while i < hd {
-            values[slot * kv_width + kv_head * hd + i] = qkv[src + kv_width + i];
+            values[slot * kv_width + kv_head * hd + i] = f32::cast_from(qkv[src + kv_width + i]);
             i += NORM_UNITS;
         }
     }
@@ -172,13 +180,13 @@ pub fn qkv_heads(
 /// the sum, `n = rms(h) * next`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn norm_residual(
-    a: &Array<f32>,
+pub fn norm_residual<X: Float, O: Float>(
+    a: &Array<X>,
     residual: &Array<f32>,
     post: &Array<f32>,
     next: &Array<f32>,
     h: &mut Array<f32>,
-    n: &mut Array<f32>,
+    n: &mut Array<O>,
     d: u32,
     post_eps: f32,
     next_eps: f32,
@@ -193,7 +201,7 @@ pub fn norm_residual(
     let mut sum_h = 0.0;
     let mut i = unit;
     while i < width {
-        let v = residual[base + i] + a[base + i] * inv * post[i];
+        let v = residual[base + i] + f32::cast_from(a[base + i]) * inv * post[i];
         h[base + i] = v;
         sum_h += v * v;
         i += NORM_UNITS;
@@ -205,7 +213,7 @@ pub fn norm_residual(
         let inv_h = 1.0 / f32::sqrt(total_h / f32::cast_from(width) + next_eps);
         let mut i = unit;
         while i < width {
-            n[base + i] = h[base + i] * inv_h * next[i];
+            n[base + i] = O::cast_from(h[base + i] * inv_h * next[i]);
             i += NORM_UNITS;
         }
     }

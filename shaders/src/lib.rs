@@ -3,6 +3,7 @@
 
 mod alloc;
 pub mod epilogue;
+mod float;
 pub mod launch;
 pub mod layer_launch;
 pub mod layer_ops;

@@ -8,8 +8,9 @@
 //! complement). FP16 and INT8 blocks carry one FP32 scale per (slot, kv head).
 //!
 //! A block-table entry is `tier << 28 | slot` (tier 0 FP32, 1 FP16, 2 INT8). Scores,
-//! softmax and the output are FP32; the softmax is the online (running maximum) form so
-//! one pass over the tiles suffices.
+//! softmax and the sums are FP32 whatever the activations' float type `F` of the queries
+//! and the output; the softmax is the online (running maximum) form so one pass over the
+//! tiles suffices.
 //!
 //! Loops are nested: an outer loop that the shader runs and an inner one of a few steps
 //! that is unrolled (`DIM_CHUNK` dimensions or `KEY_CHUNK` keys). Fully unrolled loops over
@@ -365,14 +366,14 @@ fn first_key(n_keys: usize, window: usize) -> usize {
 /// `u, u + 32, ..` of the output.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn paged_decode<K: KvRows + LaunchArg>(
-    q: &Array<f32>,
+pub fn paged_decode<F: Float, K: KvRows + LaunchArg>(
+    q: &Array<F>,
     keys: &K,
     values: &K,
     tables: &Array<u32>,
     row_seq: &Array<u32>,
     row_pos: &Array<u32>,
-    out: &mut Array<f32>,
+    out: &mut Array<F>,
     max_blocks: u32,
     n_kv: u32,
     softmax_scale: f32,
@@ -399,7 +400,7 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
     let q_base = row * n_heads * hd + head * group * hd;
     let mut i = unit;
     while i < group * hd {
-        q_sh[i] = q[q_base + i] * softmax_scale;
+        q_sh[i] = f32::cast_from(q[q_base + i]) * softmax_scale;
         i += BLOCK_TOKENS;
     }
 
@@ -510,7 +511,7 @@ pub fn paged_decode<K: KvRows + LaunchArg>(
         for j in 0..per_unit {
             let d = unit + j * BLOCK_TOKENS;
             if d < hd {
-                out[q_base + h * hd + d] = acc[h * per_unit + j] / running_sum[h];
+                out[q_base + h * hd + d] = F::cast_from(acc[h * per_unit + j] / running_sum[h]);
             }
         }
     }
@@ -535,14 +536,14 @@ pub const UNIT_KEYS_UNITS: usize = 8;
 /// llvmpipe's 65,535.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
-    q: &Array<f32>,
+pub fn paged_decode_unit_keys<F: Float, K: KvRows + LaunchArg>(
+    q: &Array<F>,
     keys: &K,
     values: &K,
     tables: &Array<u32>,
     row_seq: &Array<u32>,
     row_pos: &Array<u32>,
-    out: &mut Array<f32>,
+    out: &mut Array<F>,
     max_blocks: u32,
     n_kv: u32,
     softmax_scale: f32,
@@ -566,7 +567,7 @@ pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
     let mut running_sum = Array::<f32>::new(group);
     #[unroll]
     for i in 0..comptime!(group * hd) {
-        q_reg[i] = q[q_base + i] * softmax_scale;
+        q_reg[i] = f32::cast_from(q[q_base + i]) * softmax_scale;
         acc[i] = 0.0;
     }
     #[unroll]
@@ -649,7 +650,7 @@ pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
                 for u in 0..UNIT_KEYS_UNITS {
                     sum += partial[u * hd + d] * weights[u];
                 }
-                out[q_base + h * hd + d] = sum / total;
+                out[q_base + h * hd + d] = F::cast_from(sum / total);
             }
         }
         sync_cube();
@@ -664,13 +665,13 @@ pub fn paged_decode_unit_keys<K: KvRows + LaunchArg>(
 /// The key tiles are read once per query tile and head.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn paged_prefill<K: KvRows + LaunchArg>(
-    q: &Array<f32>,
+pub fn paged_prefill<F: Float, K: KvRows + LaunchArg>(
+    q: &Array<F>,
     keys: &K,
     values: &K,
     tables: &Array<u32>,
     tiles: &Array<u32>,
-    out: &mut Array<f32>,
+    out: &mut Array<F>,
     max_blocks: u32,
     n_kv: u32,
     softmax_scale: f32,
@@ -709,7 +710,7 @@ pub fn paged_prefill<K: KvRows + LaunchArg>(
     if active {
         #[unroll]
         for d in 0..hd {
-            q_reg[d] = q[q_base + d] * softmax_scale;
+            q_reg[d] = f32::cast_from(q[q_base + d]) * softmax_scale;
         }
     }
     let mut running_max = f32::new(NEG_BIG);
@@ -794,7 +795,7 @@ pub fn paged_prefill<K: KvRows + LaunchArg>(
     if active {
         #[unroll]
         for d in 0..hd {
-            out[q_base + d] = acc[d] / running_sum;
+            out[q_base + d] = F::cast_from(acc[d] / running_sum);
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Launching the quantized-weight kernels on burn's CubeCL backends from burn tensors.
 
+use burn_backend::DType;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
 use cubecl::features::Plane;
 use cubecl::prelude::*;
@@ -7,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::alloc::{empty_on, placeholder};
 use crate::epilogue::{finish_product, out_width, GEGLU, RESIDUAL, ROPE_KV, STORE, SWIGLU};
+use crate::float::{in_dtype, with_float, with_floats};
 use crate::quant_matmul::{
     quant_matmul, quant_matvec, quant_rows, MATVEC_MAX_TOKENS, QBLOCK, TILE_ROWS, TILE_TOKENS,
     TILE_UNITS, VECTOR,
@@ -241,6 +243,12 @@ fn output<R: CubeRuntime>(like: &CubeTensor<R>, shape: [usize; 2]) -> CubeTensor
     empty_on(like, shape, like.dtype)
 }
 
+/// A KV arena as the epilogue writes it: FP32 (see `fornax_engine::kv`).
+fn arena<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    assert_eq!(t.dtype, DType::F32, "the KV arenas are FP32");
+    t
+}
+
 /// Where Q, K and V go after a product over `[q | k | v]` rows (see
 /// [`crate::epilogue::ROPE_KV`]).
 pub struct RopeKv<R: CubeRuntime> {
@@ -266,7 +274,7 @@ pub struct RopeKv<R: CubeRuntime> {
 pub enum Epilogue<R: CubeRuntime> {
     /// The product itself.
     Store,
-    /// The product plus this `[tokens, rows]` residual.
+    /// The product plus this `[tokens, rows]` residual (FP32: the residual stream).
     Residual(CubeTensor<R>),
     /// SwiGLU over gate and up rows interleaved: `[tokens, rows / 2]`.
     Swiglu,
@@ -287,31 +295,41 @@ struct EpilogueArgs<R: CubeRuntime> {
 }
 
 impl<R: CubeRuntime> Epilogue<R> {
-    /// Arguments for a launch whose output is like `like`; unused arrays are one-element
-    /// placeholders.
+    /// Arguments for a launch on `like`'s device; unused arrays are one-element
+    /// placeholders. The residual, the arenas and the table are FP32.
     fn args(self, like: &CubeTensor<R>) -> EpilogueArgs<R> {
         let f32s = || placeholder(like);
         let none = |mode, aux_a| EpilogueArgs {
             mode,
             aux_a,
             aux_b: f32s(),
-            info: empty_on(like, [1], burn_backend::DType::U32),
+            info: empty_on(like, [1], DType::U32),
             table: f32s(),
             sizes: [0; 3],
         };
         match self {
             Epilogue::Store => none(STORE, f32s()),
-            Epilogue::Residual(r) => none(RESIDUAL, into_contiguous(r)),
+            Epilogue::Residual(r) => none(RESIDUAL, in_dtype(into_contiguous(r), DType::F32)),
             Epilogue::Swiglu => none(SWIGLU, f32s()),
             Epilogue::Geglu => none(GEGLU, f32s()),
             Epilogue::RopeKv(r) => EpilogueArgs {
                 mode: ROPE_KV,
-                aux_a: r.keys,
-                aux_b: r.values,
+                aux_a: arena(r.keys),
+                aux_b: arena(r.values),
                 info: into_contiguous(r.info),
-                table: into_contiguous(r.table),
+                table: in_dtype(into_contiguous(r.table), DType::F32),
                 sizes: [r.q_width as u32, r.kv_width as u32, r.head_dim as u32],
             },
+        }
+    }
+
+    /// The output's dtype for input of dtype `x`: FP32 where it feeds the residual stream
+    /// or a norm (the product itself, a residual add), `x`'s where it feeds the next
+    /// product or attention (SwiGLU, GeGLU, Q after RoPE).
+    fn out_dtype(&self, x: DType) -> DType {
+        match self {
+            Epilogue::Store | Epilogue::Residual(_) => DType::F32,
+            Epilogue::Swiglu | Epilogue::Geglu | Epilogue::RopeKv(_) => x,
         }
     }
 
@@ -350,14 +368,15 @@ pub fn finish<R: CubeRuntime>(product: CubeTensor<R>, epilogue: Epilogue<R>) -> 
     let product = into_contiguous(product);
     let [tokens, rows] = [product.meta.shape()[0], product.meta.shape()[1]];
     let width = out_width(epilogue.mode(), rows, epilogue.q_width());
-    let out = output(&product, [tokens, width]);
+    let out_dtype = epilogue.out_dtype(product.dtype);
+    let out = empty_on(&product, [tokens, width], out_dtype);
     if tokens == 0 {
         return out;
     }
     let a = epilogue.args(&product);
     let units = 256;
     let work = tokens * rows.div_ceil(2);
-    finish_product::launch::<R>(
+    with_floats!(product.dtype, out_dtype, P, O => finish_product::launch::<P, O, R>(
         &product.client.clone(),
         CubeCount::Static(work.div_ceil(units) as u32, 1, 1),
         CubeDim::new_1d(units as u32),
@@ -373,11 +392,11 @@ pub fn finish<R: CubeRuntime>(product: CubeTensor<R>, epilogue: Epilogue<R>) -> 
         a.sizes[1],
         a.sizes[2],
         a.mode,
-    );
+    ));
     out
 }
 
-/// `x @ W^T` for `x` `[tokens, cols]` (FP32): `[tokens, rows]`. Up to
+/// `x @ W^T` for `x` `[tokens, cols]` (FP32, FP16 or BF16): FP32: `[tokens, rows]`. Up to
 /// [`MATVEC_MAX_TOKENS`] tokens go through the matrix-vector kernel (laid out as `matvec`,
 /// or as [`MatvecShape::for_device`]), more through the tiled kernel.
 pub fn matmul<R: CubeRuntime>(
@@ -403,13 +422,15 @@ pub fn matmul_then<R: CubeRuntime>(
         "input width must equal the weight's columns"
     );
     let width = out_width(epilogue.mode(), w.rows, epilogue.q_width());
-    let out = output(&x, [tokens, width]);
+    let out_dtype = epilogue.out_dtype(x.dtype);
+    let out = empty_on(&x, [tokens, width], out_dtype);
     if tokens == 0 {
         return out;
     }
     let a = epilogue.args(&x);
     let client = x.client.clone();
     let matvec = matvec.unwrap_or_else(|| MatvecShape::for_device(&client, tokens));
+    let dtype = x.dtype;
     let (quants, scales) = (
         into_contiguous(w.quants.clone()).into_array_arg(),
         into_contiguous(w.scales.clone()).into_array_arg(),
@@ -420,7 +441,7 @@ pub fn matmul_then<R: CubeRuntime>(
             "planes finish pairs of rows a unit holds: an even number of rows per unit"
         );
         let bound = matvec_bound(tokens);
-        quant_matvec::launch::<R>(
+        with_floats!(dtype, out_dtype, X, O => quant_matvec::launch::<X, O, R>(
             &client,
             CubeCount::Static(w.rows.div_ceil(matvec.rows_per_cube) as u32, 1, 1),
             CubeDim::new_2d(
@@ -449,9 +470,9 @@ pub fn matmul_then<R: CubeRuntime>(
             matvec.rows_per_unit,
             matvec.planes,
             a.mode,
-        );
+        ));
     } else {
-        quant_matmul::launch::<R>(
+        with_floats!(dtype, out_dtype, X, O => quant_matmul::launch::<X, O, R>(
             &client,
             CubeCount::Static(
                 w.rows.div_ceil(TILE_ROWS) as u32,
@@ -475,12 +496,13 @@ pub fn matmul_then<R: CubeRuntime>(
             a.sizes[2],
             w.format,
             a.mode,
-        );
+            dtype != DType::F32,
+        ));
     }
     out
 }
 
-/// Rows `ids` of `W`, dequantized: `[ids, cols]` FP32 (`like` gives the float dtype).
+/// Rows `ids` of `W`, dequantized: `[ids, cols]` in `like`'s float dtype.
 pub fn rows<R: CubeRuntime>(
     ids: CubeTensor<R>,
     w: &QuantTensors<R>,
@@ -493,7 +515,7 @@ pub fn rows<R: CubeRuntime>(
         return out;
     }
     let blocks = w.cols / QBLOCK;
-    quant_rows::launch::<R>(
+    with_float!(out.dtype, F => quant_rows::launch::<F, R>(
         &ids.client.clone(),
         CubeCount::Static(blocks.div_ceil(QBLOCK) as u32, n as u32, 1),
         CubeDim::new_1d(QBLOCK as u32),
@@ -503,6 +525,6 @@ pub fn rows<R: CubeRuntime>(
         out.clone().into_array_arg(),
         w.cols as u32,
         w.format,
-    );
+    ));
     out
 }

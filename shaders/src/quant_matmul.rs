@@ -1,5 +1,6 @@
 //! Matrix products with GGUF block-quantized weights, dequantized in registers and
-//! accumulated in FP32, written once in CubeCL.
+//! accumulated in FP32, written once in CubeCL. Inputs have the float type `X` and outputs
+//! `O` (each FP32, FP16 or BF16); products and sums are FP32.
 //!
 //! A weight matrix has `rows` (outputs) of `cols` (inputs, a multiple of 32) values, stored
 //! as GGUF stores it: row after row, each row a run of blocks of 32 values. A block lives
@@ -268,11 +269,11 @@ fn dequantized(
 #[cube(launch)]
 // CubeCL expands operators, not `is_multiple_of`.
 #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
-pub fn quant_matvec<N: Size>(
-    x: &Array<Vector<f32, N>>,
+pub fn quant_matvec<X: Float, O: Float, N: Size>(
+    x: &Array<Vector<X, N>>,
     quants: &Array<Vector<u32, N>>,
     scales: &Array<u32>,
-    out: &mut Array<f32>,
+    out: &mut Array<O>,
     aux_a: &mut Array<f32>,
     aux_b: &mut Array<f32>,
     info: &Array<u32>,
@@ -365,7 +366,7 @@ pub fn quant_matvec<N: Size>(
             for g in 0..groups {
                 #[unroll]
                 for t in 0..tokens {
-                    let xv = x[x_row[t] + b * groups + g];
+                    let xv = Vector::<f32, N>::cast_from(x[x_row[t] + b * groups + g]);
                     #[unroll]
                     for k in 0..VECTOR {
                         let c = comptime!(g * VECTOR + k);
@@ -482,9 +483,9 @@ pub fn quant_matvec<N: Size>(
 #[cube]
 // CubeCL expands operators, not `is_multiple_of`.
 #[allow(clippy::too_many_arguments, clippy::manual_is_multiple_of)]
-fn matvec_totals_in_shared(
+fn matvec_totals_in_shared<O: Float>(
     acc: &Array<f32>,
-    out: &mut Array<f32>,
+    out: &mut Array<O>,
     aux_a: &mut Array<f32>,
     aux_b: &mut Array<f32>,
     info: &Array<u32>,
@@ -576,17 +577,18 @@ fn matvec_totals_in_shared(
 ///
 /// Cube `(8, 8)` per tile of 32 tokens x 64 rows. For each block column the cube stages the
 /// tile's 32 x 32 inputs and its 64 rows' blocks, dequantized (unit `u` decodes row `u`'s
-/// block), in workgroup memory (12 KiB, inside WebGPU's 16 KiB); unit `(ux, uy)` then adds
-/// up tokens `uy + 8 a` for rows `ux + 8 r`, 32 sums in registers. Every weight is decoded
+/// block), in workgroup memory as `X` (12 KiB in FP32, inside WebGPU's 16 KiB; 6 KiB in
+/// FP16, plus 8 KiB for the sums with `own_sums`); unit `(ux, uy)` then adds up tokens
+/// `uy + 8 a` for rows `ux + 8 r`, 32 FP32 sums in registers. Every weight is decoded
 /// once per tile. The weights are staged column-major so that neighbouring units read
 /// neighbouring words.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-pub fn quant_matmul(
-    x: &Array<f32>,
+pub fn quant_matmul<X: Float, O: Float>(
+    x: &Array<X>,
     quants: &Array<u32>,
     scales: &Array<u32>,
-    out: &mut Array<f32>,
+    out: &mut Array<O>,
     aux_a: &mut Array<f32>,
     aux_b: &mut Array<f32>,
     info: &Array<u32>,
@@ -599,6 +601,7 @@ pub fn quant_matmul(
     head_dim: u32,
     #[comptime] format: u32,
     #[comptime] mode: u32,
+    #[comptime] own_sums: bool,
 ) {
     let ux = UNIT_POS_X as usize;
     let uy = UNIT_POS_Y as usize;
@@ -615,8 +618,8 @@ pub fn quant_matmul(
     let tok_per_unit = comptime!(TILE_TOKENS / TILE_UNITS);
     let rows_per_unit = comptime!(TILE_ROWS / TILE_UNITS);
 
-    let mut xs = SharedMemory::<f32>::new(TILE_TOKENS * QBLOCK);
-    let mut ws = SharedMemory::<f32>::new(QBLOCK * TILE_ROWS);
+    let mut xs = SharedMemory::<X>::new(TILE_TOKENS * QBLOCK);
+    let mut ws = SharedMemory::<X>::new(QBLOCK * TILE_ROWS);
     let mut acc = Array::<f32>::new(tok_per_unit * rows_per_unit);
     #[unroll]
     for i in 0..tok_per_unit * rows_per_unit {
@@ -630,7 +633,7 @@ pub fn quant_matmul(
         for i in 0..comptime!(TILE_TOKENS * QBLOCK / (TILE_UNITS * TILE_UNITS)) {
             let idx = unit + i * units;
             let t = tok0 + idx / QBLOCK;
-            let mut v = f32::new(0.0);
+            let mut v = X::new(0.0);
             if t < n_tokens {
                 v = x[t * cols + b * QBLOCK + idx % QBLOCK];
             }
@@ -659,7 +662,8 @@ pub fn quant_matmul(
             for p in 0..per_word {
                 let c = comptime!(code_value(format, w, p));
                 let q = code(word, high, comptime!(code_shift(format, p)), c, format);
-                ws[c * TILE_ROWS + unit] = dequantized(q, d, m, min_0, min_1, c, format);
+                ws[c * TILE_ROWS + unit] =
+                    X::cast_from(dequantized(q, d, m, min_0, min_1, c, format));
             }
         }
         sync_cube();
@@ -668,11 +672,11 @@ pub fn quant_matmul(
             let mut wv = Array::<f32>::new(rows_per_unit);
             #[unroll]
             for r in 0..rows_per_unit {
-                wv[r] = ws[k * TILE_ROWS + ux + r * TILE_UNITS];
+                wv[r] = f32::cast_from(ws[k * TILE_ROWS + ux + r * TILE_UNITS]);
             }
             #[unroll]
             for a in 0..tok_per_unit {
-                let xv = xs[(uy + a * TILE_UNITS) * QBLOCK + k];
+                let xv = f32::cast_from(xs[(uy + a * TILE_UNITS) * QBLOCK + k]);
                 #[unroll]
                 for r in 0..rows_per_unit {
                     acc[a * rows_per_unit + r] += xv * wv[r];
@@ -682,14 +686,56 @@ pub fn quant_matmul(
         sync_cube();
     }
 
-    // The tile's sums go through workgroup memory (the weights' stage, exactly one tile)
-    // so that each unit finishes pairs of adjacent rows.
+    // The tile's sums go through workgroup memory so that each unit finishes pairs of
+    // adjacent rows: through the weights' stage (exactly one tile) when it is FP32, else
+    // through FP32 memory of their own, so they are not rounded to `X`.
+    if comptime!(own_sums) {
+        let mut sums = SharedMemory::<f32>::new(TILE_TOKENS * TILE_ROWS);
+        finish_tile(
+            &mut sums, &acc, out, aux_a, aux_b, info, table, ux, uy, row0, tok0, rows, n_tokens,
+            q_width, kv_width, head_dim, mode,
+        );
+    } else {
+        finish_tile(
+            &mut ws, &acc, out, aux_a, aux_b, info, table, ux, uy, row0, tok0, rows, n_tokens,
+            q_width, kv_width, head_dim, mode,
+        );
+    }
+}
+
+/// [`quant_matmul()`]'s end: the unit's sums `acc` into `stage` (one tile), then the
+/// epilogue over pairs of adjacent rows.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn finish_tile<S: Float, O: Float>(
+    stage: &mut SharedMemory<S>,
+    acc: &Array<f32>,
+    out: &mut Array<O>,
+    aux_a: &mut Array<f32>,
+    aux_b: &mut Array<f32>,
+    info: &Array<u32>,
+    table: &Array<f32>,
+    ux: usize,
+    uy: usize,
+    row0: usize,
+    tok0: usize,
+    rows: usize,
+    n_tokens: usize,
+    q_width: u32,
+    kv_width: u32,
+    head_dim: u32,
+    #[comptime] mode: u32,
+) {
+    let unit = uy * TILE_UNITS + ux;
+    let units = comptime!(TILE_UNITS * TILE_UNITS);
+    let tok_per_unit = comptime!(TILE_TOKENS / TILE_UNITS);
+    let rows_per_unit = comptime!(TILE_ROWS / TILE_UNITS);
     #[unroll]
     for a in 0..tok_per_unit {
         #[unroll]
         for r in 0..rows_per_unit {
-            ws[(uy + a * TILE_UNITS) * TILE_ROWS + ux + r * TILE_UNITS] =
-                acc[a * rows_per_unit + r];
+            stage[(uy + a * TILE_UNITS) * TILE_ROWS + ux + r * TILE_UNITS] =
+                S::cast_from(acc[a * rows_per_unit + r]);
         }
     }
     sync_cube();
@@ -711,8 +757,8 @@ pub fn quant_matmul(
                 t,
                 row,
                 rows,
-                ws[local_t * TILE_ROWS + local_row],
-                ws[local_t * TILE_ROWS + local_row + 1],
+                f32::cast_from(stage[local_t * TILE_ROWS + local_row]),
+                f32::cast_from(stage[local_t * TILE_ROWS + local_row + 1]),
                 q_width,
                 kv_width,
                 head_dim,
@@ -726,11 +772,11 @@ pub fn quant_matmul(
 ///
 /// Cube `(block columns / 32, token)`, 32 units, one block of the row each.
 #[cube(launch)]
-pub fn quant_rows(
+pub fn quant_rows<O: Float>(
     ids: &Array<u32>,
     quants: &Array<u32>,
     scales: &Array<u32>,
-    out: &mut Array<f32>,
+    out: &mut Array<O>,
     cols: u32,
     #[comptime] format: u32,
 ) {
@@ -754,7 +800,8 @@ pub fn quant_rows(
             for p in 0..per_word {
                 let c = comptime!(code_value(format, w, p));
                 let q = code(word, high, comptime!(code_shift(format, p)), c, format);
-                out[t * cols + b * QBLOCK + c] = dequantized(q, d, m, min_0, min_1, c, format);
+                out[t * cols + b * QBLOCK + c] =
+                    O::cast_from(dequantized(q, d, m, min_0, min_1, c, format));
             }
         }
     }

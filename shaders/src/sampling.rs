@@ -40,7 +40,12 @@ fn before(v: f32, i: u32, bv: f32, bi: u32) -> bool {
 #[cube(launch)]
 // CubeCL expands comparisons, not `RangeInclusive::contains`.
 #[allow(clippy::manual_range_contains)]
-pub fn sample_rows(logits: &Array<f32>, params: &Array<f32>, out: &mut Array<u32>, vocab: u32) {
+pub fn sample_rows<L: Float>(
+    logits: &Array<L>,
+    params: &Array<f32>,
+    out: &mut Array<u32>,
+    vocab: u32,
+) {
     let row = CUBE_POS_X as usize;
     let unit = UNIT_POS_X as usize;
     let n = vocab as usize;
@@ -73,7 +78,7 @@ pub fn sample_rows(logits: &Array<f32>, params: &Array<f32>, out: &mut Array<u32
         if done == 0 && j < window {
             let mut i = unit;
             while i < n {
-                let x = logits[base + i];
+                let x = f32::cast_from(logits[base + i]);
                 if x >= -BIG && x <= BIG {
                     let s = x / temperature;
                     let idx = i as u32;
@@ -119,7 +124,7 @@ pub fn sample_rows(logits: &Array<f32>, params: &Array<f32>, out: &mut Array<u32
     if found[0] > 0 {
         let mut i = unit;
         while i < n {
-            let x = logits[base + i];
+            let x = f32::cast_from(logits[base + i]);
             if x >= -BIG && x <= BIG {
                 part += f32::exp(x / temperature - top);
             }

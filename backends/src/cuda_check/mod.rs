@@ -20,10 +20,15 @@ pub use workload::BATCH;
 pub type CheckBackend = CubeBackend<CheckRuntime, f32, i32, u8>;
 
 /// Every distinct kernel the engine launches for `gguf`'s model (prefill, decode at
-/// batch 1 and [`BATCH`], scoring, sampling), written in CUDA C++ for `target`.
+/// batch 1 and [`BATCH`], scoring, sampling) with FP32 and with FP16 activations,
+/// written in CUDA C++ for `target`.
 pub fn capture(gguf: &GgufFile, target: Target) -> anyhow::Result<Vec<CapturedKernel>> {
     runtime::take_captured(target);
     workload::run::<CheckBackend>(gguf, &CheckDevice::new(target))?;
+    // And with FP16 activations, as `--dtype f16` (the default on CUDA) runs.
+    let half = CheckDevice::half(target);
+    crate::dtype::set_on::<CheckBackend>(&half, crate::BackendKind::Cuda, crate::Dtype::F16)?;
+    workload::run::<CheckBackend>(gguf, &half)?;
     Ok(runtime::take_captured(target))
 }
 

@@ -59,17 +59,31 @@ pub fn take_captured(target: Target) -> Vec<CapturedKernel> {
     all.remove(&target.arch).unwrap_or_default()
 }
 
-/// A device of the compile-only runtime: one per [`Target`].
+/// A device of the compile-only runtime: one per [`Target`] and activations' float type
+/// (a device's float type is set once, so each has its own device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CheckDevice {
     /// Compute capability times ten.
     pub arch: u32,
+    /// Whether the activations are FP16 (else FP32).
+    pub half: bool,
 }
 
 impl CheckDevice {
-    /// The device standing for `target`.
+    /// The FP32 device standing for `target`.
     pub fn new(target: Target) -> Self {
-        Self { arch: target.arch }
+        Self {
+            arch: target.arch,
+            half: false,
+        }
+    }
+
+    /// The device standing for `target` with FP16 activations.
+    pub fn half(target: Target) -> Self {
+        Self {
+            half: true,
+            ..Self::new(target)
+        }
     }
 
     fn target(&self) -> Target {
@@ -85,18 +99,21 @@ impl Default for CheckDevice {
 
 /// Distinct from every burn device type.
 const TYPE_ID: u16 = 0xC0DA;
+/// Added to the index of a device with FP16 activations.
+const HALF_INDEX: u16 = 1 << 12;
 
 impl Device for CheckDevice {
     fn from_id(id: DeviceId) -> Self {
         Self {
-            arch: u32::from(id.index_id),
+            arch: u32::from(id.index_id % HALF_INDEX),
+            half: id.index_id >= HALF_INDEX,
         }
     }
 
     fn to_id(&self) -> DeviceId {
         DeviceId {
             type_id: TYPE_ID,
-            index_id: self.arch as u16,
+            index_id: self.arch as u16 + if self.half { HALF_INDEX } else { 0 },
         }
     }
 }

@@ -65,5 +65,6 @@ pub fn run(args: ModelArgs) -> Result<()> {
     let info = args.run_on(Report)?;
     println!("backend:  {}", info.kind);
     println!("adapter:  {}", info.adapter);
+    println!("dtype:    {}", info.dtype);
     Ok(())
 }

@@ -58,7 +58,10 @@ impl BackendTask for Score<'_> {
         };
         let secs = t.elapsed().as_secs_f64();
         let ppl = perplexity(&logprobs);
-        println!("backend: {} | adapter: {}", info.kind, info.adapter);
+        println!(
+            "backend: {} | adapter: {} | dtype: {}",
+            info.kind, info.adapter, info.dtype
+        );
         println!(
             "perplexity: {ppl:.4} over {} scored tokens (mean NLL {:.5}), {:.1} tokens/s",
             logprobs.len(),

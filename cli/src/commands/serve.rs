@@ -137,7 +137,7 @@ impl BackendTask for Serve<'_> {
         };
         let addr = self.listener.local_addr()?;
         let http = spawn_http(self.listener, state, server_config)?;
-        tracing::info!(model = %self.name, backend = %info.kind, adapter = %info.adapter, context, "model loaded");
+        tracing::info!(model = %self.name, backend = %info.kind, adapter = %info.adapter, dtype = %info.dtype, context, "model loaded");
         println!("fornax: serving {} on http://{addr}", self.name);
         run_engine_with(
             &mut engine,

@@ -190,8 +190,8 @@ where
         batch: &PagedBatch<Self>,
         shape: AttentionShape,
     ) -> Tensor<Self, 2> {
-        // The kernels are written for FP32 activations, 32-bit table words and head
-        // dimensions that are a multiple of their loop step.
+        // The kernels are written for the FP32 backend types (queries of any float dtype),
+        // 32-bit table words and head dimensions that are a multiple of their loop step.
         if !batch.kernels
             || FloatElem::<Self>::dtype() != burn_tensor::DType::F32
             || !shape.head_dim.is_multiple_of(HEAD_DIM_MULTIPLE)

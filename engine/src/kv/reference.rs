@@ -2,7 +2,7 @@
 //! and values, decodes the tiers with tensor ops and attends as the contiguous cache does.
 //! It is the reference the kernels are tested against and the path of other backends.
 
-use burn_tensor::{backend::Backend, ElementConversion, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, DType, ElementConversion, Int, Tensor, TensorData};
 
 use super::store::{block_rows, ids};
 use super::{
@@ -18,6 +18,9 @@ pub fn paged_attention<B: Backend>(
     shape: AttentionShape,
 ) -> Tensor<B, 2> {
     let hd = shape.head_dim;
+    // In FP32, as the cache is, whatever the activations' float type.
+    let dtype = q.dtype();
+    let q = q.cast(DType::F32);
     let outs = batch
         .seqs
         .iter()
@@ -34,7 +37,7 @@ pub fn paged_attention<B: Backend>(
             attend(q, k, v, s.start, shape.window)
         })
         .collect();
-    Tensor::cat(outs, 0)
+    Tensor::cat(outs, 0).cast(dtype)
 }
 
 /// The first `len` tokens of the sequence with block table `table`, decoded to FP32,
@@ -121,15 +124,17 @@ fn decode_f16<B: Backend>(words: Tensor<B, 2, Int>) -> Tensor<B, 2> {
         .clone()
         .bitwise_right_shift_scalar(int::<B>(10))
         .bitwise_and_scalar(int::<B>(31));
-    let mantissa = halves.clone().bitwise_and_scalar(int::<B>(1023)).float();
-    let sign = halves
-        .bitwise_right_shift_scalar(int::<B>(15))
-        .bitwise_and_scalar(int::<B>(1))
-        .float();
+    let mantissa = f32s(halves.clone().bitwise_and_scalar(int::<B>(1023)));
+    let sign = f32s(
+        halves
+            .bitwise_right_shift_scalar(int::<B>(15))
+            .bitwise_and_scalar(int::<B>(1)),
+    );
     // value = (mantissa + implicit bit) * 2^(max(e, 1) - 25), tabled by exponent.
     let implicit: Vec<f32> = (0..32).map(|e| if e > 0 { 1024.0 } else { 0.0 }).collect();
     let power: Vec<f32> = (0..32).map(|e: i32| 2f32.powi(e.max(1) - 25)).collect();
-    let table = |v: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(v, [32]), &device);
+    let table =
+        |v: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(v, [32]), (&device, DType::F32));
     let implicit = table(implicit).select(0, exponent.clone());
     let power = table(power).select(0, exponent);
     let magnitude = (mantissa + implicit) * power;
@@ -149,7 +154,12 @@ fn decode_i8<B: Backend>(words: Tensor<B, 2, Int>) -> Tensor<B, 2> {
         .collect();
     let bytes: Tensor<B, 3, Int> = Tensor::stack(bytes, 2);
     let high: Tensor<B, 3, Int> = bytes.clone().bitwise_right_shift_scalar(int::<B>(7));
-    (bytes.float() - high.float() * 256.0).reshape([rows, width * 4])
+    (f32s(bytes) - f32s(high) * 256.0).reshape([rows, width * 4])
+}
+
+/// Small integers as FP32 (exact).
+fn f32s<B: Backend, const D: usize>(t: Tensor<B, D, Int>) -> Tensor<B, D> {
+    t.float().cast(DType::F32)
 }
 
 fn int<B: Backend>(v: i32) -> B::IntElem {

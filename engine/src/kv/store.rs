@@ -3,10 +3,13 @@
 //!
 //! Free slots are kept all zero, so a write is `select_add` into zeros (burn 0.21 has no
 //! assigning scatter), which is exact; a freed slot is cleared by adding its negation.
+//!
+//! The FP32 arenas and the scales are FP32 whatever the activations' float type
+//! (`--dtype`): the tier policy alone decides the cache's precision.
 
 use std::ops::Range;
 
-use burn_tensor::{backend::Backend, IndexingUpdateOp, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, DType, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use super::{pack, BlockValues, KvCapacity, KvDims, Move, Tier, BLOCK_TOKENS};
 
@@ -70,12 +73,13 @@ impl<B: Backend> TierArena<B> {
         let slots = |t: Tier| capacity.slots[t.index()].max(1);
         let width = |t: Tier| dims.n_kv_heads * t.words(dims.head_dim);
         let rows = |t: Tier| slots(t) * BLOCK_TOKENS;
+        let f32s = (device, DType::F32);
         Self {
-            f32_rows: Owned::new(Tensor::zeros([rows(Tier::F32), width(Tier::F32)], device)),
+            f32_rows: Owned::new(Tensor::zeros([rows(Tier::F32), width(Tier::F32)], f32s)),
             f16_rows: Owned::new(Tensor::zeros([rows(Tier::F16), width(Tier::F16)], device)),
-            f16_scales: Owned::new(Tensor::zeros([slots(Tier::F16), dims.n_kv_heads], device)),
+            f16_scales: Owned::new(Tensor::zeros([slots(Tier::F16), dims.n_kv_heads], f32s)),
             i8_rows: Owned::new(Tensor::zeros([rows(Tier::I8), width(Tier::I8)], device)),
-            i8_scales: Owned::new(Tensor::zeros([slots(Tier::I8), dims.n_kv_heads], device)),
+            i8_scales: Owned::new(Tensor::zeros([slots(Tier::I8), dims.n_kv_heads], f32s)),
         }
     }
 
@@ -160,7 +164,8 @@ impl<B: Backend> KvStore<B> {
         &self.device
     }
 
-    /// Writes keys and values `[rows, n_kv * head_dim]` of `layer` into FP32 arena `rows`.
+    /// Writes keys and values `[rows, n_kv * head_dim]` (any float dtype) of `layer` into
+    /// FP32 arena `rows`.
     pub fn write(
         &mut self,
         layer: usize,
@@ -170,8 +175,12 @@ impl<B: Backend> KvStore<B> {
     ) {
         let local = self.local(layer);
         let kv = &mut self.layers[local];
-        kv.keys.f32_rows.update(|t| add_rows(t, &rows, keys));
-        kv.values.f32_rows.update(|t| add_rows(t, &rows, values));
+        kv.keys
+            .f32_rows
+            .update(|t| add_rows(t, &rows, keys.cast(DType::F32)));
+        kv.values
+            .f32_rows
+            .update(|t| add_rows(t, &rows, values.cast(DType::F32)));
     }
 
     /// The FP32 key and value arenas of `layer`, for kernels that write new rows in place
@@ -221,7 +230,7 @@ impl<B: Backend> KvStore<B> {
         }
         let width = self.dims.n_kv_heads * self.dims.head_dim;
         let range = rows.start as usize..rows.end as usize;
-        let zeros = Tensor::<B, 2>::zeros([range.len(), width], &self.device);
+        let zeros = Tensor::<B, 2>::zeros([range.len(), width], (&self.device, DType::F32));
         for layer in &mut self.layers {
             for arena in [&mut layer.keys, &mut layer.values] {
                 arena
@@ -411,7 +420,7 @@ impl<B: Backend> KvStore<B> {
                     let data: Vec<f32> = blocks.concat();
                     let t = Tensor::from_data(
                         TensorData::new(data, [picks.len() * BLOCK_TOKENS, row_len]),
-                        &self.device,
+                        (&self.device, DType::F32),
                     );
                     arena.f32_rows.update(|a| add_rows(a, &rows, t));
                     continue;
@@ -455,7 +464,7 @@ impl<B: Backend> KvStore<B> {
                 );
                 let scales = Tensor::<B, 2>::from_data(
                     TensorData::new(scales, [picks.len(), dims.n_kv_heads]),
-                    &self.device,
+                    (&self.device, DType::F32),
                 );
                 let assign_rows = |t: Tensor<B, 2, Int>| {
                     t.select_assign(0, rows.clone(), words.clone(), IndexingUpdateOp::Add)

@@ -3,7 +3,7 @@
 //! each query and key head and a sliding window.
 
 use crate::EngineBackend;
-use burn_tensor::{activation::softmax, backend::Backend, Tensor, TensorData};
+use burn_tensor::{activation::softmax, backend::Backend, DType, Tensor, TensorData};
 
 use super::{Joint, KvCache, LayerOps, Linear, RmsNorm, Rope};
 use crate::kv::{AttentionShape, PagedBatch, PagedKv};
@@ -147,6 +147,9 @@ pub(crate) fn attend<B: Backend>(
     let [n_heads, tokens, head_dim] = q.dims();
     let [n_kv_heads, total, _] = k.dims();
     let group = n_heads / n_kv_heads;
+    // Scores, softmax and sums in FP32 whatever the activations' float type.
+    let dtype = q.dtype();
+    let (q, k, v) = (q.cast(DType::F32), k.cast(DType::F32), v.cast(DType::F32));
     // Query heads sharing a kv head are stacked so one batched matmul serves the group.
     let q = q.reshape([n_kv_heads, group * tokens, head_dim]);
     let scale = (head_dim as f64).powf(-0.5);
@@ -161,6 +164,7 @@ pub(crate) fn attend<B: Backend>(
         .reshape([n_heads, tokens, head_dim])
         .swap_dims(0, 1)
         .reshape([tokens, n_heads * head_dim])
+        .cast(dtype)
 }
 
 /// Additive mask `[1, group * tokens, total]`: row `g * tokens + i` (query at `start + i`)
@@ -183,5 +187,8 @@ fn causal_mask<B: Backend>(
             mask[row + end..row + total].fill(f32::NEG_INFINITY);
         }
     }
-    Tensor::from_data(TensorData::new(mask, [1, group * tokens, total]), device)
+    Tensor::from_data(
+        TensorData::new(mask, [1, group * tokens, total]),
+        (device, DType::F32),
+    )
 }

@@ -125,16 +125,19 @@ impl<B: EngineBackend> Block<B> {
         x: Tensor<B, 2>,
         attend: impl FnOnce(Tensor<B, 2>) -> Tensor<B, 2>,
     ) -> Tensor<B, 2> {
+        // The residual stream keeps its float type (FP32); the branches may not.
         let a = attend(self.attn_norm.forward(x.clone()));
         let a = match &self.post_norms {
             Some((after_attn, _)) => after_attn.forward(a),
             None => a,
         };
-        let h = x + a;
+        let dtype = x.dtype();
+        let h = x + a.cast(dtype);
         let f = self.mlp.forward(self.ffn_norm.forward(h.clone()));
-        match &self.post_norms {
-            Some((_, after_ffn)) => h + after_ffn.forward(f),
-            None => h + f,
-        }
+        let f = match &self.post_norms {
+            Some((_, after_ffn)) => after_ffn.forward(f),
+            None => f,
+        };
+        h + f.cast(dtype)
     }
 }

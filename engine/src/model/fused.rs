@@ -211,7 +211,8 @@ where
             Some(bias) => qkv + bias.clone().unsqueeze_dim(0),
             None => qkv,
         });
-        let q = layer_launch::qkv_heads(qkv, target, work);
+        let act = crate::backend::activation_dtype::<Self>(&qkv.device);
+        let q = layer_launch::qkv_heads(qkv, target, work, act);
         Tensor::from_primitive(TensorPrimitive::Float(q))
     }
 
@@ -241,8 +242,9 @@ where
         residual: Tensor<Self, 2>,
         next: Option<&RmsNorm<Self>>,
     ) -> (Tensor<Self, 2>, Option<Tensor<Self, 2>>) {
+        let act = crate::backend::activation_dtype::<Self>(&a.device());
         let (h, n) =
-            layer_launch::norm_residual(float(a), norm(post), float(residual), next.map(norm));
+            layer_launch::norm_residual(float(a), norm(post), float(residual), next.map(norm), act);
         let tensor = |t| Tensor::from_primitive(TensorPrimitive::Float(t));
         (tensor(h), n.map(tensor))
     }

@@ -47,8 +47,13 @@ pub fn reference_rms_norm<B: Backend>(
     weight: Tensor<B, 1>,
     eps: f64,
 ) -> Tensor<B, 2> {
+    // The statistics in FP32 whatever the activations' float type.
+    let dtype = x.dtype();
+    let x = x.cast(DType::F32);
     let rms = x.clone().powi_scalar(2).mean_dim(1).add_scalar(eps).sqrt();
-    x.div(rms).mul(weight.unsqueeze())
+    x.div(rms)
+        .mul(weight.cast(DType::F32).unsqueeze())
+        .cast(dtype)
 }
 
 /// GeGLU's gate as burn operations: `0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) * up`.
@@ -64,8 +69,9 @@ pub fn reference_geglu<B: Backend>(gate: Tensor<B, 2>, up: Tensor<B, 2>) -> Tens
         .mul(up)
 }
 
-/// On CubeCL backends in FP32, RMSNorm and SwiGLU's gate are one kernel each
-/// (`fornax_shaders::layer_ops`); burn's operations otherwise.
+/// On CubeCL backends, RMSNorm (written in the activations' float type: its output feeds a
+/// product) and SwiGLU's gate are one kernel each (`fornax_shaders::layer_ops`); burn's
+/// operations where the backend's float element is not FP32.
 impl<R, F, I, BT> LayerOps for CubeBackend<R, F, I, BT>
 where
     R: CubeRuntime,
@@ -77,10 +83,12 @@ where
         if !f32_backend::<Self>() {
             return reference_rms_norm(x, weight, eps);
         }
+        let act = crate::backend::activation_dtype::<Self>(&x.device());
         let out = layer_launch::rms_norm(
             x.into_primitive().tensor(),
             weight.into_primitive().tensor(),
             eps as f32,
+            act,
         );
         Tensor::from_primitive(TensorPrimitive::Float(out))
     }
@@ -95,7 +103,8 @@ where
     }
 }
 
-/// Whether a CubeCL backend computes in FP32, which the kernels need.
+/// Whether a CubeCL backend's float element is FP32, the instantiation the kernels' launch
+/// glue is written for (tensors of other float dtypes, `--dtype`, come at run time).
 fn f32_backend<B: Backend>() -> bool {
     FloatElem::<B>::dtype() == DType::F32
 }

@@ -1,7 +1,7 @@
 //! A bias-free linear layer whose weight is FP32 or block-quantized, in one piece or (where
 //! it is larger than the device holds in one buffer) in bands of output rows.
 
-use burn_tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn_tensor::{backend::Backend, DType, Int, Tensor, TensorData};
 
 use crate::quant::{QuantMatrix, QuantOps};
 
@@ -98,6 +98,13 @@ impl<B: QuantOps> Linear<B> {
             Weight::Quant(q) => B::quant_matmul(x, q),
             Weight::Bands(b) => Tensor::cat(b.iter().map(|l| l.forward(x.clone())).collect(), 1),
         }
+    }
+
+    /// [`Self::forward`] in FP32 whatever `x`'s float type: the output layer's logits. Our
+    /// quantized kernels write their products in FP32 already; a dense weight's product
+    /// is converted.
+    pub fn forward_f32(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        self.forward(x).cast(DType::F32)
     }
 
     /// Several layers applied to the same `x`: one pass over the input where every

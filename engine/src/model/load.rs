@@ -59,9 +59,13 @@ impl<B: QuantOps> Loader<'_, '_, B> {
         Ok(self.file.dequantize(name)?.0)
     }
 
+    /// A norm's weight or a bias: FP32 whatever the activations' float type.
     fn vector(&mut self, name: &str, len: usize) -> Result<Tensor<B, 1>, ModelError> {
         let v = self.values(name, &[len])?;
-        Ok(Tensor::from_data(TensorData::new(v, [len]), self.device))
+        Ok(Tensor::from_data(
+            TensorData::new(v, [len]),
+            (self.device, burn_tensor::DType::F32),
+        ))
     }
 
     /// Rows `[out, inp]` (row-major) uploaded transposed as `[inp, out]`.

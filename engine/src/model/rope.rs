@@ -52,7 +52,10 @@ impl<B: Backend> Rope<B> {
         let pairs: Vec<f32> = cos.iter().zip(&sin).flat_map(|(&c, &s)| [c, s]).collect();
         Self {
             style,
-            pairs: Tensor::from_data(TensorData::new(pairs, [max_len, 2 * half]), device),
+            pairs: Tensor::from_data(
+                TensorData::new(pairs, [max_len, 2 * half]),
+                (device, burn_tensor::DType::F32),
+            ),
             host: Arc::new((cos, sin)),
         }
     }
@@ -67,7 +70,8 @@ impl<B: Backend> Rope<B> {
         (&self.host.0, &self.host.1)
     }
 
-    /// `[max_len, head_dim]`: cos and sin of angle `i` at columns `2 i` and `2 i + 1`.
+    /// `[max_len, head_dim]`: cos and sin of angle `i` at columns `2 i` and `2 i + 1`
+    /// (FP32).
     pub fn pairs(&self) -> &Tensor<B, 2> {
         &self.pairs
     }
@@ -85,6 +89,7 @@ impl<B: Backend> Rope<B> {
             .pairs
             .clone()
             .select(0, positions)
+            .cast(x.dtype())
             .reshape([rows, half, 2]);
         let table =
             |column: usize, shape: [usize; 4]| angles.clone().narrow(2, column, 1).reshape(shape);

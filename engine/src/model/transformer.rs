@@ -250,22 +250,27 @@ impl<B: EngineBackend> Model<B> {
         Ok(())
     }
 
-    /// Embeddings `[tokens, d_model]` of checked token ids.
+    /// Embeddings `[tokens, d_model]` of checked token ids: the residual stream, FP32
+    /// whatever the activations' float type.
     fn embed(&self, tokens: impl Iterator<Item = u32>) -> Tensor<B, 2> {
         let ids: Vec<u32> = tokens.collect();
-        let x = self.net.embedding.columns(&ids);
+        let x = self
+            .net
+            .embedding
+            .columns(&ids)
+            .cast(burn_tensor::DType::F32);
         match self.config.embed_scale {
             Some(scale) => x.mul_scalar(scale),
             None => x,
         }
     }
 
-    /// Final norm and output layer.
+    /// Final norm and output layer: FP32 logits whatever the activations' float type.
     fn output(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let x = self.net.norm.forward(x);
         match &self.net.output {
-            Some(out) => out.forward(x),
-            None => self.net.embedding.forward(x),
+            Some(out) => out.forward_f32(x),
+            None => self.net.embedding.forward_f32(x),
         }
     }
 }

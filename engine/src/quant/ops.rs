@@ -54,9 +54,10 @@ pub trait QuantOps: Backend {
         reference_rows(ids, w)
     }
 
-    /// `x @ W` for an FP32 weight `W` `[in, out]` (dense layers): burn's matmul here.
+    /// `x @ W` for a dense weight `W` `[in, out]`: burn's matmul here, in the weight's float
+    /// type (the activations'), `x` converted to it where it differs.
     fn dense_matmul(x: Tensor<Self, 2>, w: &Tensor<Self, 2>) -> Tensor<Self, 2> {
-        x.matmul(w.clone())
+        x.cast(w.dtype()).matmul(w.clone())
     }
 }
 
@@ -80,13 +81,15 @@ pub fn dequantized<B: Backend>(w: &QuantMatrix<B>) -> Tensor<B, 2> {
 const ROWS_PER_CHUNK: usize = 8192;
 
 /// `x @ W^T` as FP32 matmuls over chunks of rows dequantized on the device (by
-/// [`QuantOps::quant_rows`]); the chunks are transient, so at most [`ROWS_PER_CHUNK`]
+/// [`QuantOps::quant_rows`], FP32); the chunks are transient, so at most [`ROWS_PER_CHUNK`]
 /// rows exist in FP32 at a time.
 pub(crate) fn by_dequantized_rows<B: QuantOps>(
     x: Tensor<B, 2>,
     w: &QuantMatrix<B>,
 ) -> Tensor<B, 2> {
     let device = x.device();
+    // In FP32 whatever the activations' type: the results feed norms and the residual.
+    let x = x.cast(DType::F32);
     let parts: Vec<_> = (0..w.rows)
         .step_by(ROWS_PER_CHUNK)
         .map(|start| {
@@ -199,7 +202,8 @@ where
     BT: BoolElement,
 {
     fn has_quant_kernels() -> bool {
-        // The kernels read FP32 activations and 32-bit words.
+        // The launch glue is written for the FP32 backend types (activations of any float
+        // dtype) and 32-bit words.
         FloatElem::<Self>::dtype() == DType::F32 && I::dtype().size() == 4
     }
 
@@ -226,7 +230,8 @@ where
         if !Self::has_quant_kernels() {
             return reference_rows(ids, w);
         }
-        let like: Tensor<Self, 1> = Tensor::empty([1], &ids.device());
+        // FP32: rows start the residual stream (the embedding) or feed FP32 matmuls.
+        let like: Tensor<Self, 1> = Tensor::empty([1], (&ids.device(), DType::F32));
         let out = quant_launch::rows(
             ids.into_primitive(),
             &quant_tensors(w),

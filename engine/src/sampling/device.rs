@@ -93,7 +93,7 @@ where
     BT: BoolElement,
 {
     fn sample_rows(logits: Tensor<Self, 2>, draws: &[Draw]) -> Option<Tensor<Self, 1, Int>> {
-        // The kernel reads FP32 logits and writes 32-bit ids.
+        // The kernel reads FP32, FP16 or BF16 logits and writes 32-bit ids.
         let fits = F::dtype() == burn_tensor::DType::F32 && I::dtype().size() == 4;
         if !fits || draws.iter().any(|d| d.top_k > WINDOW) {
             return None;
@@ -104,7 +104,7 @@ where
             .collect();
         let params = Tensor::<Self, 1>::from_data(
             TensorData::new(params, [draws.len() * PARAMS]),
-            &logits.device(),
+            (&logits.device(), burn_tensor::DType::F32),
         );
         let out = fornax_shaders::sampling_launch::sample(
             logits.into_primitive().tensor(),

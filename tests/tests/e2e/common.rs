@@ -49,10 +49,16 @@ pub fn wgpu_alone() -> RwLockWriteGuard<'static, ()> {
 }
 
 /// [`fornax_backends::run_on`], sharing the wgpu device (see [`wgpu_shared`]) when the
-/// task runs on it.
+/// task runs on it; on wgpu in the float type `$FORNAX_TEST_DTYPE` where set (a test's
+/// child process: a device's float type is set once per process).
 pub fn run_on<T: BackendTask>(kind: BackendKind, task: T) -> Result<T::Output, BackendError> {
-    let _shared = (kind.resolve() == BackendKind::Wgpu).then(wgpu_shared);
-    fornax_backends::run_on(kind, task)
+    let kind = kind.resolve();
+    let _shared = (kind == BackendKind::Wgpu).then(wgpu_shared);
+    let dtype = match std::env::var("FORNAX_TEST_DTYPE") {
+        Ok(name) if kind == BackendKind::Wgpu => name.parse()?,
+        _ => fornax_backends::Dtype::F32,
+    };
+    fornax_backends::run_on_with(kind, dtype, task)
 }
 
 /// The default model file, fetched once per test process if missing.

@@ -1,6 +1,6 @@
 //! The CUDA kernel check, without a GPU: every kernel the engine launches for both real
 //! models and the family checkpoints in Q8_0, Q4_K and F32 (decode at batch 1 and 64,
-//! prefill, scoring, sampling),
+//! prefill, scoring, sampling; FP32 and FP16 activations),
 //! written by CubeCL's CUDA compiler, builds with NVRTC and ptxas for A100 (sm_80) and
 //! H100 (sm_90a); and the check fails, naming the kernel, when a kernel does not build.
 
@@ -62,6 +62,15 @@ fn every_kernel_builds_for_a100_and_h100() {
             rows.len(),
             cuda_check::table(&rows)
         );
+        // FP16 activations (`--dtype f16`, CUDA's default): products and attention read
+        // and write halves.
+        for ours in ["quant_matvec", "quant_matmul", "paged_decode", "rms_norm"] {
+            assert!(
+                kernels.iter().any(|k| k.name.starts_with(ours)
+                    && k.source.as_deref().is_ok_and(|s| s.contains("__half"))),
+                "no FP16 variant of {ours}"
+            );
+        }
         // Ours and burn's: the paged attention, the quantized products and sampling.
         for ours in ["paged", "matvec", "sample"] {
             assert!(

@@ -2,7 +2,7 @@
 //! reference path) on random data of odd sizes, and their dispatch counts: one launch each.
 
 use burn_tensor::activation::silu;
-use burn_tensor::{Distribution, Int, Tensor, TensorData};
+use burn_tensor::{DType, Distribution, Int, Tensor, TensorData};
 use fornax_backends::{wgpu_device, WgpuBackend};
 use fornax_engine::device_counts::counted;
 use fornax_engine::model::{reference_rms_norm, LayerOps, Rope, RopeStyle};
@@ -133,7 +133,12 @@ fn qkv_heads_kernel_matches_burn_operations_in_one_dispatch() {
                             norms: normed.then(|| (norm(&qn), norm(&kn))),
                             neox: style == RopeStyle::Neox,
                         };
-                        tensor(layer_launch::qkv_heads(float(qkv.clone()), to, work))
+                        tensor(layer_launch::qkv_heads(
+                            float(qkv.clone()),
+                            to,
+                            work,
+                            DType::F32,
+                        ))
                     };
                     // Counted on a second launch (see the next test).
                     let got_q = launch();
@@ -177,6 +182,7 @@ fn norm_residual_kernel_matches_burn_operations_in_one_dispatch() {
                     norm(&post, 1e-6),
                     float(residual.clone()),
                     then_norm.then(|| norm(&next, 1e-5)),
+                    DType::F32,
                 )
             };
             // Counted on a second launch: a kernel's first launch in the process was seen

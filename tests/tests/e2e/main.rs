@@ -13,6 +13,7 @@ mod device_counts;
 mod device_sampling;
 mod engine_batching;
 mod families;
+mod fp16;
 mod fused_layers;
 mod gemma3;
 mod host_tier;
