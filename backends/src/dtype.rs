@@ -10,7 +10,7 @@ use crate::{BackendError, BackendKind};
 
 /// The activations' float type. Products and sums are FP32 in every case, as are
 /// attention scores, softmax, norms' statistics, the KV cache's FP32 tier and the logits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Dtype {
     /// FP16 on CUDA; FP32 elsewhere (the CPU backend; wgpu, where lavapipe measured no
     /// gain from FP16: `docs/benchmarks.md`).

@@ -11,6 +11,8 @@ mod workload;
 use burn_cubecl::CubeBackend;
 use fornax_engine::gguf::GgufFile;
 
+use crate::Dtype;
+
 pub use runtime::{CapturedKernel, CheckDevice, CheckRuntime};
 pub use target::Target;
 pub use toolchain::{parse_ptxas, KernelError, Resources, Toolchain, ToolchainError, CUDA_VERSION};
@@ -20,15 +22,19 @@ pub use workload::BATCH;
 pub type CheckBackend = CubeBackend<CheckRuntime, f32, i32, u8>;
 
 /// Every distinct kernel the engine launches for `gguf`'s model (prefill, decode at
-/// batch 1 and [`BATCH`], scoring, sampling) with FP32 and with FP16 activations,
-/// written in CUDA C++ for `target`.
-pub fn capture(gguf: &GgufFile, target: Target) -> anyhow::Result<Vec<CapturedKernel>> {
+/// batch 1 and [`BATCH`], scoring, sampling) with activations of each of `dtypes` (F32,
+/// F16, Bf16), written in CUDA C++ for `target`.
+pub fn capture(
+    gguf: &GgufFile,
+    target: Target,
+    dtypes: &[Dtype],
+) -> anyhow::Result<Vec<CapturedKernel>> {
     runtime::take_captured(target);
-    workload::run::<CheckBackend>(gguf, &CheckDevice::new(target))?;
-    // And with FP16 activations, as `--dtype f16` (the default on CUDA) runs.
-    let half = CheckDevice::half(target);
-    crate::dtype::set_on::<CheckBackend>(&half, crate::BackendKind::Cuda, crate::Dtype::F16)?;
-    workload::run::<CheckBackend>(gguf, &half)?;
+    for &dtype in dtypes {
+        let device = CheckDevice::with_dtype(target, dtype);
+        crate::dtype::set_on::<CheckBackend>(&device, crate::BackendKind::Cuda, dtype)?;
+        workload::run::<CheckBackend>(gguf, &device)?;
+    }
     Ok(runtime::take_captured(target))
 }
 

@@ -30,6 +30,7 @@ use cubecl_runtime::server::ComputeServer;
 use cubecl_runtime::storage::{BytesStorage, ComputeStorage, ManagedResource};
 
 use super::target::Target;
+use crate::Dtype;
 
 /// CubeCL's CUDA compiler, as `burn-cuda` uses it.
 pub type CudaCompiler = CppCompiler<CudaDialect<CudaWmmaCompiler>>;
@@ -65,24 +66,21 @@ pub fn take_captured(target: Target) -> Vec<CapturedKernel> {
 pub struct CheckDevice {
     /// Compute capability times ten.
     pub arch: u32,
-    /// Whether the activations are FP16 (else FP32).
-    pub half: bool,
+    /// The activations' float type (F32, F16 or Bf16).
+    pub dtype: Dtype,
 }
 
 impl CheckDevice {
     /// The FP32 device standing for `target`.
     pub fn new(target: Target) -> Self {
-        Self {
-            arch: target.arch,
-            half: false,
-        }
+        Self::with_dtype(target, Dtype::F32)
     }
 
-    /// The device standing for `target` with FP16 activations.
-    pub fn half(target: Target) -> Self {
+    /// The device standing for `target` with activations of `dtype`.
+    pub fn with_dtype(target: Target, dtype: Dtype) -> Self {
         Self {
-            half: true,
-            ..Self::new(target)
+            arch: target.arch,
+            dtype,
         }
     }
 
@@ -99,21 +97,24 @@ impl Default for CheckDevice {
 
 /// Distinct from every burn device type.
 const TYPE_ID: u16 = 0xC0DA;
-/// Added to the index of a device with FP16 activations.
-const HALF_INDEX: u16 = 1 << 12;
+/// A device's index: the arch in the low bits, the float type's place in
+/// [`FLOATS`] above this.
+const FLOAT_INDEX: u16 = 1 << 12;
+const FLOATS: [Dtype; 3] = [Dtype::F32, Dtype::F16, Dtype::Bf16];
 
 impl Device for CheckDevice {
     fn from_id(id: DeviceId) -> Self {
         Self {
-            arch: u32::from(id.index_id % HALF_INDEX),
-            half: id.index_id >= HALF_INDEX,
+            arch: u32::from(id.index_id % FLOAT_INDEX),
+            dtype: FLOATS[usize::from(id.index_id / FLOAT_INDEX) % FLOATS.len()],
         }
     }
 
     fn to_id(&self) -> DeviceId {
+        let float = FLOATS.iter().position(|&d| d == self.dtype).unwrap_or(0) as u16;
         DeviceId {
             type_id: TYPE_ID,
-            index_id: self.arch as u16 + if self.half { HALF_INDEX } else { 0 },
+            index_id: self.arch as u16 + float * FLOAT_INDEX,
         }
     }
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fornax_backends::cuda_check::{self, Target, Toolchain};
+use fornax_backends::Dtype;
 use fornax_engine::store;
 
 use fornax_options::{model_path, parse};
@@ -22,6 +23,9 @@ pub struct KernelsArgs {
     /// Also write each kernel's CUDA C++ source into this folder.
     #[arg(long)]
     pub sources: Option<PathBuf>,
+    /// The activations' float types to run the workload in (f32, f16, bf16).
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16")]
+    pub dtype: Vec<Dtype>,
 }
 
 pub fn run(args: KernelsArgs) -> Result<()> {
@@ -32,7 +36,10 @@ pub fn run(args: KernelsArgs) -> Result<()> {
     let path = model_path(args.model.as_deref())?;
     let file = store::ModelFile::open(&path)?;
     let gguf = parse(&file)?;
-    let kernels = cuda_check::capture(&gguf, target)?;
+    if args.dtype.contains(&Dtype::Auto) {
+        bail!("name the float types: f32, f16 or bf16");
+    }
+    let kernels = cuda_check::capture(&gguf, target, &args.dtype)?;
     if let Some(dir) = &args.sources {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         for (i, k) in kernels.iter().enumerate() {
@@ -43,7 +50,7 @@ pub fn run(args: KernelsArgs) -> Result<()> {
     let (rows, errors) = cuda_check::build_all(&tools, &kernels, target);
     println!(
         "{} ({}, {}): {} distinct kernels of a decode step at batch 1 and {}, prefill, scoring \
-         and sampling, built with NVRTC and ptxas (CUDA {})\n",
+         and sampling with {} activations, built with NVRTC and ptxas (CUDA {})\n",
         path.file_name().map_or_else(
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned()
@@ -52,6 +59,11 @@ pub fn run(args: KernelsArgs) -> Result<()> {
         target.part,
         kernels.len(),
         cuda_check::BATCH,
+        args.dtype
+            .iter()
+            .map(|d| d.name())
+            .collect::<Vec<_>>()
+            .join(", "),
         cuda_check::CUDA_VERSION,
     );
     print!("{}", cuda_check::table(&rows));

@@ -1,12 +1,13 @@
 //! The CUDA kernel check, without a GPU: every kernel the engine launches for both real
 //! models and the family checkpoints in Q8_0, Q4_K and F32 (decode at batch 1 and 64,
-//! prefill, scoring, sampling; FP32 and FP16 activations),
+//! prefill, scoring, sampling; FP32 and FP16 activations, and BF16 on the default model),
 //! written by CubeCL's CUDA compiler, builds with NVRTC and ptxas for A100 (sm_80) and
 //! H100 (sm_90a); and the check fails, naming the kernel, when a kernel does not build.
 
 use std::sync::OnceLock;
 
 use fornax_backends::cuda_check::{self, CapturedKernel, Target, Toolchain};
+use fornax_backends::Dtype;
 use fornax_engine::gguf::GgufFile;
 
 use crate::common::{gemma_file, model_file};
@@ -28,9 +29,15 @@ fn kernels(target: Target) -> &'static [CapturedKernel] {
                 let mut kernels: Vec<CapturedKernel> = Vec::new();
                 let families = ["llama3-q8_0", "qwen2-q4_k", "qwen3-f32"].map(checkpoint);
                 let files = [model_file(), gemma_file()].into_iter().chain(&families);
-                for file in files {
+                // FP32 and FP16 (CUDA's default) everywhere; BF16 on the default model,
+                // whose kernels are those of every family but Gemma's head work.
+                for (i, file) in files.enumerate() {
+                    let dtypes: &[Dtype] = match i {
+                        0 => &[Dtype::F32, Dtype::F16, Dtype::Bf16],
+                        _ => &[Dtype::F32, Dtype::F16],
+                    };
                     let gguf = GgufFile::parse(file.bytes()).expect("model");
-                    for k in cuda_check::capture(&gguf, t).expect("the workload") {
+                    for k in cuda_check::capture(&gguf, t, dtypes).expect("the workload") {
                         if !kernels.iter().any(|o| o.id == k.id) {
                             kernels.push(k);
                         }
@@ -62,14 +69,16 @@ fn every_kernel_builds_for_a100_and_h100() {
             rows.len(),
             cuda_check::table(&rows)
         );
-        // FP16 activations (`--dtype f16`, CUDA's default): products and attention read
-        // and write halves.
-        for ours in ["quant_matvec", "quant_matmul", "paged_decode", "rms_norm"] {
-            assert!(
-                kernels.iter().any(|k| k.name.starts_with(ours)
-                    && k.source.as_deref().is_ok_and(|s| s.contains("__half"))),
-                "no FP16 variant of {ours}"
-            );
+        // FP16 activations (`--dtype f16`, CUDA's default) and BF16: products and
+        // attention read and write halves.
+        for half in ["__half", "__nv_bfloat16"] {
+            for ours in ["quant_matvec", "quant_matmul", "paged_decode", "rms_norm"] {
+                assert!(
+                    kernels.iter().any(|k| k.name.starts_with(ours)
+                        && k.source.as_deref().is_ok_and(|s| s.contains(half))),
+                    "no {half} variant of {ours}"
+                );
+            }
         }
         // Ours and burn's: the paged attention, the quantized products and sampling.
         for ours in ["paged", "matvec", "sample"] {
