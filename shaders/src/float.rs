@@ -2,7 +2,8 @@
 //! the tensors it binds: FP32, FP16 or BF16 activations, FP32 arithmetic inside.
 
 use burn_backend::DType;
-use burn_cubecl::{kernel::cast, tensor::CubeTensor, CubeRuntime};
+use burn_cubecl::kernel::{cast, into_contiguous};
+use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
 
 /// Runs `$body` with `$F` naming the kernel element type of the float dtype `$dtype`.
 macro_rules! with_float {
@@ -34,13 +35,9 @@ macro_rules! with_floats {
 
 pub(crate) use {with_float, with_floats};
 
-/// `t` in `dtype`: itself where it is already, else converted on the device (one
-/// dispatch). The launchers pass weights, tables and the residual stream in FP32; the
-/// engine keeps them so, so this converts nothing on its paths.
-pub(crate) fn in_dtype<R: CubeRuntime>(t: CubeTensor<R>, dtype: DType) -> CubeTensor<R> {
-    if t.dtype == dtype {
-        t
-    } else {
-        cast(t, dtype)
-    }
+/// `t` contiguous and in FP32, as the kernels read weights, tables and the residual
+/// stream. burn's `cast` converts (one dispatch) only where the dtype differs, which the
+/// engine, keeping them FP32, never makes it do.
+pub(crate) fn contiguous_f32<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    cast(into_contiguous(t), DType::F32)
 }

@@ -2,13 +2,14 @@
 //! tensors. Inputs may be FP32, FP16 or BF16 and the normed outputs any of them (the
 //! `out` dtype the caller asks); weights, tables and the residual stream are FP32.
 
-use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor, CubeRuntime};
+use burn_cubecl::kernel::{cast, into_contiguous};
+use burn_cubecl::{tensor::CubeTensor, CubeRuntime};
 use cubecl::prelude::*;
 
 use burn_backend::DType;
 
 use crate::alloc::{empty_on, output_like, placeholder};
-use crate::float::{in_dtype, with_float, with_floats};
+use crate::float::{contiguous_f32, with_float, with_floats};
 use crate::layer_ops::{norm_residual as norm_residual_kernel, qkv_heads as qkv_heads_kernel};
 use crate::layer_ops::{rms_norm as rms_norm_kernel, swiglu as swiglu_kernel};
 use crate::layer_ops::{ELEMENT_UNITS, NORM_UNITS};
@@ -30,7 +31,7 @@ pub fn rms_norm<R: CubeRuntime>(
     if rows == 0 {
         return out;
     }
-    let weight = weights(weight);
+    let weight = contiguous_f32(weight);
     with_floats!(dtype, out.dtype, X, O => rms_norm_kernel::launch::<X, O, R>(
         &x.client.clone(),
         CubeCount::Static(rows as u32, 1, 1),
@@ -53,7 +54,7 @@ pub fn swiglu<R: CubeRuntime>(gate: CubeTensor<R>, up: CubeTensor<R>) -> CubeTen
         return out;
     }
     let dtype = gate.dtype;
-    let up = in_dtype(into_contiguous(up), dtype);
+    let up = cast(into_contiguous(up), dtype);
     with_float!(dtype, F => swiglu_kernel::launch::<F, R>(
         &gate.client.clone(),
         CubeCount::Static(n.div_ceil(ELEMENT_UNITS) as u32, 1, 1),
@@ -99,10 +100,10 @@ pub fn qkv_heads<R: CubeRuntime>(
     let (heads, kv_heads) = (to.q_width / to.head_dim, to.kv_width / to.head_dim);
     let normed = work.norms.is_some();
     let (q_norm, k_norm, eps) = match work.norms {
-        Some((q, k)) => (weights(q.weight), weights(k.weight), q.eps),
+        Some((q, k)) => (contiguous_f32(q.weight), contiguous_f32(k.weight), q.eps),
         None => (placeholder(&qkv), placeholder(&qkv), 0.0),
     };
-    let table = weights(to.table);
+    let table = contiguous_f32(to.table);
     with_floats!(qkv.dtype, out.dtype, X, O => qkv_heads_kernel::launch::<X, O, R>(
         &qkv.client.clone(),
         CubeCount::Static((heads + kv_heads) as u32, tokens as u32, 1),
@@ -140,12 +141,16 @@ pub fn norm_residual<R: CubeRuntime>(
     let h = empty_on(&a, shape.clone(), DType::F32);
     let then_norm = next.is_some();
     let (n, next_weight, next_eps) = match next {
-        Some(norm) => (empty_on(&a, shape, out), weights(norm.weight), norm.eps),
+        Some(norm) => (
+            empty_on(&a, shape, out),
+            contiguous_f32(norm.weight),
+            norm.eps,
+        ),
         None => (empty_on(&a, [1], out), placeholder(&a), 0.0),
     };
     if rows > 0 {
-        let residual = in_dtype(into_contiguous(residual), DType::F32);
-        let post_weight = weights(post.weight);
+        let residual = contiguous_f32(residual);
+        let post_weight = contiguous_f32(post.weight);
         with_floats!(a.dtype, n.dtype, X, O => norm_residual_kernel::launch::<X, O, R>(
             &a.client.clone(),
             CubeCount::Static(rows as u32, 1, 1),
@@ -163,9 +168,4 @@ pub fn norm_residual<R: CubeRuntime>(
         ));
     }
     (h, then_norm.then_some(n))
-}
-
-/// A weight or table as the kernels read it: FP32.
-fn weights<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
-    in_dtype(into_contiguous(t), DType::F32)
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::alloc::{empty_on, placeholder};
 use crate::epilogue::{finish_product, out_width, GEGLU, RESIDUAL, ROPE_KV, STORE, SWIGLU};
-use crate::float::{in_dtype, with_float, with_floats};
+use crate::float::{contiguous_f32, with_float, with_floats};
 use crate::quant_matmul::{
     quant_matmul, quant_matvec, quant_rows, MATVEC_MAX_TOKENS, QBLOCK, TILE_ROWS, TILE_TOKENS,
     TILE_UNITS, VECTOR,
@@ -309,7 +309,7 @@ impl<R: CubeRuntime> Epilogue<R> {
         };
         match self {
             Epilogue::Store => none(STORE, f32s()),
-            Epilogue::Residual(r) => none(RESIDUAL, in_dtype(into_contiguous(r), DType::F32)),
+            Epilogue::Residual(r) => none(RESIDUAL, contiguous_f32(r)),
             Epilogue::Swiglu => none(SWIGLU, f32s()),
             Epilogue::Geglu => none(GEGLU, f32s()),
             Epilogue::RopeKv(r) => EpilogueArgs {
@@ -317,7 +317,7 @@ impl<R: CubeRuntime> Epilogue<R> {
                 aux_a: arena(r.keys),
                 aux_b: arena(r.values),
                 info: into_contiguous(r.info),
-                table: in_dtype(into_contiguous(r.table), DType::F32),
+                table: contiguous_f32(r.table),
                 sizes: [r.q_width as u32, r.kv_width as u32, r.head_dim as u32],
             },
         }
